@@ -1,0 +1,1 @@
+"""The ``imgshards`` command line: a thin shell over :mod:`imgshards.converter` and :mod:`imgshards.loader`."""

@@ -1,0 +1,30 @@
+"""Errors raised by the converter, one class per thing a user can get wrong.
+
+Every error carries the offending path or value and says what to do; the CLI prints ``str(error)``
+as a one-line message, never a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DestinationError",
+    "ImgshardsError",
+    "ManifestError",
+    "SourceError",
+]
+
+
+class ImgshardsError(Exception):
+    """Base class of every error imgshards raises for bad input or a bad state on disk."""
+
+
+class SourceError(ImgshardsError):
+    """The ImageFolder tree to pack is missing, unreadable, or has no usable classes."""
+
+
+class DestinationError(ImgshardsError):
+    """The output directory holds something that conflicts with the requested pack."""
+
+
+class ManifestError(ImgshardsError):
+    """The index file is missing, unreadable, of an unknown version, or names a shard that is absent."""

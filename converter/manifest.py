@@ -1,0 +1,224 @@
+"""The index file that describes a packed dataset: ``index.json`` at the root of the output directory.
+
+This module is the one contract between the converter and the loader (the loader imports nothing
+else from the converter), so it depends on the standard library only.
+
+Layout of ``index.json`` (``version`` 1)::
+
+    {
+      "format": "imgshards",
+      "version": 1,
+      "classes": ["cat", "dog"],                  # class id = position, exactly ImageFolder's
+      "splits": {
+        "train": {
+          "samples": 1281167, "bytes": 140e9,
+          "class_counts": [1300, 1300],           # aligned with "classes"
+          "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "..."}],
+          "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1}, "file": "train-rejects.jsonl"},
+          "pack": {...}                            # the arguments the split was packed with
+        }
+      }
+    }
+
+Each sample in a shard is standard WebDataset: ``<key>.<ext>`` (the image, ``ext`` one of
+:data:`IMAGE_EXTENSIONS`), ``<key>.cls`` (the integer label as ASCII) and ``<key>.json``
+(``{"class": ..., "path": ...}``, the original path relative to the source tree).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ManifestError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "IMAGE_EXTENSIONS",
+    "INDEX_NAME",
+    "TIMM_INFO_NAME",
+    "Manifest",
+    "ShardInfo",
+    "SplitInfo",
+    "read_manifest",
+]
+
+FORMAT_NAME = "imgshards"
+FORMAT_VERSION = 1
+INDEX_NAME = "index.json"
+TIMM_INFO_NAME = "_info.json"
+# Extensions of the image member in a sample, named by the format detected in the bytes, the
+# names webdataset's, timm's and DALI's readers look for.
+IMAGE_EXTENSIONS = ("jpg", "png", "webp", "bmp", "ppm", "pgm", "tiff")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One tar shard of a split."""
+
+    name: str
+    samples: int
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form written into the index."""
+        return {"name": self.name, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split (``train``, ``val``...) of a packed dataset."""
+
+    name: str
+    shards: tuple[ShardInfo, ...]
+    class_counts: tuple[int, ...]
+    rejects_total: int = 0
+    rejects_by_reason: Mapping[str, int] = field(default_factory=dict)
+    rejects_file: str | None = None
+    pack_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        """Number of samples in the split."""
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        """Total size of the split's shards in bytes."""
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form written into the index."""
+        return {
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "class_counts": list(self.class_counts),
+            "shards": [s.to_json() for s in self.shards],
+            "rejects": {
+                "total": self.rejects_total,
+                "by_reason": dict(sorted(self.rejects_by_reason.items())),
+                "file": self.rejects_file,
+            },
+            "pack": dict(self.pack_args),
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A packed dataset: its classes (ids as ImageFolder assigns them) and its splits."""
+
+    classes: tuple[str, ...]
+    splits: Mapping[str, SplitInfo]
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to id, the same mapping as ``torchvision.datasets.ImageFolder.class_to_idx``."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    def split(self, name: str) -> SplitInfo:
+        """Return split ``name``, or raise :class:`ManifestError` listing the splits there are."""
+        try:
+            return self.splits[name]
+        except KeyError:
+            raise ManifestError(
+                f"no split {name!r} in this dataset; it has {sorted(self.splits) or 'no splits'}"
+            ) from None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form of the whole index."""
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "classes": list(self.classes),
+            "splits": {name: self.splits[name].to_json() for name in sorted(self.splits)},
+        }
+
+    def dumps(self) -> str:
+        """Serialize to the exact text written to ``index.json`` (deterministic)."""
+        return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+
+    def timm_info(self) -> dict[str, Any]:
+        """Return the ``_info.json`` that timm's webdataset reader (``ReaderWds``) reads."""
+        return {
+            "name": FORMAT_NAME,
+            "num_classes": len(self.classes),
+            "splits": {
+                name: {
+                    "name": name,
+                    "num_samples": split.samples,
+                    "filenames": [s.name for s in split.shards],
+                    "shard_lengths": [s.samples for s in split.shards],
+                }
+                for name, split in sorted(self.splits.items())
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = INDEX_NAME) -> Manifest:
+        """Build from the parsed JSON of an index; ``where`` names it in error messages."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            raise ManifestError(f"{where} is not an imgshards index (no \"format\": \"{FORMAT_NAME}\")")
+        if data.get("version") != FORMAT_VERSION:
+            raise ManifestError(
+                f"{where} has format version {data.get('version')!r}; this imgshards reads version "
+                f"{FORMAT_VERSION}: upgrade imgshards, or re-pack with this one"
+            )
+        try:
+            classes = tuple(str(c) for c in data["classes"])
+            splits = {name: _split_from_json(name, s) for name, s in data["splits"].items()}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"{where} is malformed ({type(e).__name__}: {e}); re-pack the dataset") from e
+        for split in splits.values():
+            if len(split.class_counts) != len(classes):
+                raise ManifestError(
+                    f"{where}: split {split.name!r} has {len(split.class_counts)} class counts "
+                    f"for {len(classes)} classes; re-pack the dataset"
+                )
+        return cls(classes=classes, splits=splits)
+
+
+def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
+    rejects = data.get("rejects") or {}
+    return SplitInfo(
+        name=name,
+        shards=tuple(
+            ShardInfo(name=str(s["name"]), samples=int(s["samples"]), bytes=int(s["bytes"]), sha256=str(s["sha256"]))
+            for s in data["shards"]
+        ),
+        class_counts=tuple(int(c) for c in data["class_counts"]),
+        rejects_total=int(rejects.get("total", 0)),
+        rejects_by_reason={str(k): int(v) for k, v in (rejects.get("by_reason") or {}).items()},
+        rejects_file=rejects.get("file"),
+        pack_args=dict(data.get("pack") or {}),
+    )
+
+
+def read_manifest(root: str | os.PathLike[str]) -> Manifest:
+    """Read ``index.json`` from a packed dataset directory (or the index file itself).
+
+    Raises:
+        ManifestError: the index is missing, unreadable, malformed, or of another format version.
+    """
+    path = Path(root)
+    if path.is_dir():
+        path = path / INDEX_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(
+            f"no {INDEX_NAME} at {path}: not a packed dataset, or `imgshards pack` has not finished there"
+        ) from None
+    except OSError as e:
+        raise ManifestError(f"cannot read {path}: {e.strerror}") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path} is not valid JSON ({e}); re-pack the dataset") from e
+    return Manifest.from_json(data, where=str(path))
+
