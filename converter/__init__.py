@@ -1,16 +1,37 @@
-"""Pack an ImageFolder tree into WebDataset tar shards with a label index, verify and describe them."""
+"""Pack an ImageFolder tree into WebDataset tar shards with a label index; verify and describe them.
 
+``converter`` needs no torch: it imports numpy, Pillow and tqdm only.
+"""
+
+from .check import Check, Reason
 from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .pack import DEFAULT_SHARD_SIZE, PackConfig, PackResult, pack
+from .scan import IMG_EXTENSIONS, ScanResult, scan_tree
+from .synthetic import make_synthetic_tree
+from .verify import ShardProblem, VerifyReport, verify
 
 __all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "IMG_EXTENSIONS",
     "INDEX_NAME",
+    "Check",
     "DestinationError",
     "ImgshardsError",
     "Manifest",
     "ManifestError",
+    "PackConfig",
+    "PackResult",
+    "Reason",
+    "ScanResult",
     "ShardInfo",
+    "ShardProblem",
     "SourceError",
     "SplitInfo",
+    "VerifyReport",
+    "make_synthetic_tree",
+    "pack",
     "read_manifest",
+    "scan_tree",
+    "verify",
 ]

@@ -1,0 +1,206 @@
+"""Decide, from a file's bytes, whether it is an image worth packing and under which extension.
+
+Three levels (``--check``):
+
+``header`` (default)
+    Cheap: the format is sniffed from the magic bytes (so a PNG named ``.jpg`` is stored as ``.png``),
+    and truncation is caught where the format allows it without decoding: a JPEG must have an end
+    marker (EOI) after its first scan, a PNG its ``IEND`` chunk, a WebP or BMP as many bytes as its
+    header declares. TIFF and PPM/PGM are checked for their magic only.
+``full``
+    Decodes every image with Pillow: also catches corrupt entropy-coded data.
+``none``
+    Trusts the input: every readable file is packed; the extension comes from the magic bytes when
+    they are recognised, else from the file name.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import struct
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image
+
+__all__ = ["Check", "Inspection", "Reason", "inspect_image"]
+
+
+class Check(str, enum.Enum):
+    """How thoroughly ``pack`` checks each input file."""
+
+    NONE = "none"
+    HEADER = "header"
+    FULL = "full"
+
+
+class Reason(str, enum.Enum):
+    """Why an input file was not packed; the values appear in the rejects file and the summary."""
+
+    UNSUPPORTED_EXTENSION = "unsupported_extension"
+    OUTSIDE_CLASS_DIR = "outside_class_dir"
+    SYMLINK_LOOP = "symlink_loop"
+    BROKEN_SYMLINK = "broken_symlink"
+    SPECIAL_FILE = "special_file"
+    UNREADABLE = "unreadable"
+    EMPTY = "empty"
+    NOT_IMAGE = "not_image"
+    UNSUPPORTED_FORMAT = "unsupported_format"
+    TRUNCATED = "truncated"
+    UNDECODABLE = "undecodable"
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """The verdict on one file: its image extension and size, or why it is rejected."""
+
+    ext: str | None = None
+    width: int = 0
+    height: int = 0
+    reason: Reason | None = None
+    detail: str = ""
+
+
+# Output extension for each input extension, used only when the magic bytes say nothing (check none).
+_EXT_BY_SUFFIX = {
+    ".jpg": "jpg",
+    ".jpeg": "jpg",
+    ".png": "png",
+    ".webp": "webp",
+    ".bmp": "bmp",
+    ".ppm": "ppm",
+    ".pgm": "pgm",
+    ".tif": "tiff",
+    ".tiff": "tiff",
+}
+_OTHER_MAGIC = ((b"GIF8", "GIF"), (b"\x00\x00\x01\x00", "ICO"), (b"%PDF", "PDF"))
+
+
+def _sniff(data: bytes) -> str | None:
+    head = data[:12]
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "webp"
+    if head.startswith(b"BM"):
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if head[:2] in (b"P3", b"P6"):
+        return "ppm"
+    if head[:2] in (b"P1", b"P2", b"P4", b"P5"):
+        return "pgm"
+    return None
+
+
+def _jpeg_header(data: bytes) -> Inspection:
+    """Walk the JPEG marker segments up to the first scan, then look for the end marker."""
+    pos, n = 2, len(data)
+    width = height = 0
+    while True:
+        # A marker is 0xFF (any number of fill bytes) then a code; most carry a 2-byte length.
+        if pos < n and data[pos] != 0xFF:
+            return Inspection(reason=Reason.UNDECODABLE, detail=f"corrupt JPEG header at byte {pos}")
+        while pos < n and data[pos] == 0xFF:
+            pos += 1
+        if pos >= n:
+            return Inspection(reason=Reason.TRUNCATED, detail="ends inside the JPEG header")
+        marker = data[pos]
+        pos += 1
+        if marker == 0xD9:
+            return Inspection(reason=Reason.TRUNCATED, detail="JPEG ends before its first scan")
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            continue
+        if pos + 2 > n:
+            return Inspection(reason=Reason.TRUNCATED, detail="ends inside the JPEG header")
+        (length,) = struct.unpack_from(">H", data, pos)
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and pos + 7 <= n:
+            height, width = struct.unpack_from(">HH", data, pos + 3)
+        if marker == 0xDA:
+            break
+        pos += length
+    # Entropy-coded data never holds 0xFFD9 (0xFF is always stuffed), so an end marker after the
+    # scan starts means the image data is complete; trailing bytes after it are allowed.
+    if data.find(b"\xff\xd9", pos) < 0:
+        return Inspection(reason=Reason.TRUNCATED, detail="no JPEG end marker (EOI) after the image data")
+    if not width or not height:
+        return Inspection(reason=Reason.NOT_IMAGE, detail="JPEG without a frame header (SOF)")
+    return Inspection(ext="jpg", width=width, height=height)
+
+
+def _png_header(data: bytes) -> Inspection:
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return Inspection(reason=Reason.TRUNCATED, detail="ends inside the PNG header")
+    width, height = struct.unpack_from(">II", data, 16)
+    if data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
+        return Inspection(reason=Reason.TRUNCATED, detail="no PNG IEND chunk at the end")
+    return Inspection(ext="png", width=width, height=height)
+
+
+def _declared_length(ext: str, data: bytes) -> int:
+    if ext == "webp":
+        return struct.unpack_from("<I", data, 4)[0] + 8
+    if ext == "bmp" and len(data) >= 6:
+        return struct.unpack_from("<I", data, 2)[0]  # 0 in some writers: nothing to compare
+    return 0
+
+
+def _pillow_header(ext: str, data: bytes) -> Inspection:
+    if len(data) < _declared_length(ext, data):
+        return Inspection(reason=Reason.TRUNCATED, detail=f"shorter than its {ext.upper()} header declares")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                width, height = im.size
+    except Exception as e:  # Pillow raises many types for bad headers; each is a verdict here
+        return Inspection(reason=Reason.UNDECODABLE, detail=f"{type(e).__name__}: {e}")
+    return Inspection(ext=ext, width=width, height=height)
+
+
+def _decode_fully(ext: str, data: bytes) -> Inspection:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                width, height = im.size
+    except Exception as e:  # a decode failure of any type is the verdict we are after
+        text = str(e)
+        reason = Reason.TRUNCATED if "truncated" in text else Reason.UNDECODABLE
+        return Inspection(reason=reason, detail=f"{type(e).__name__}: {text}")
+    return Inspection(ext=ext, width=width, height=height)
+
+
+def inspect_image(data: bytes, suffix: str, check: Check) -> Inspection:
+    """Return the verdict on a file's bytes.
+
+    Args:
+        data: The whole file.
+        suffix: The file name's extension, lower case with its dot (``".jpeg"``).
+        check: How thoroughly to look (see the module docstring).
+    """
+    ext = _sniff(data)
+    if check is Check.NONE:
+        return Inspection(ext=ext or _EXT_BY_SUFFIX.get(suffix, suffix.lstrip(".")))
+    if not data:
+        return Inspection(reason=Reason.EMPTY, detail="zero bytes")
+    if ext is None:
+        for magic, name in _OTHER_MAGIC:
+            if data.startswith(magic):
+                return Inspection(
+                    reason=Reason.UNSUPPORTED_FORMAT, detail=f"{name} data in a {suffix} file"
+                )
+        return Inspection(reason=Reason.NOT_IMAGE, detail=f"no image signature (starts with {data[:8]!r})")
+    if ext == "jpg":
+        verdict = _jpeg_header(data)
+    elif ext == "png":
+        verdict = _png_header(data)
+    else:
+        verdict = _pillow_header(ext, data)
+    if verdict.reason is None and check is Check.FULL:
+        return _decode_fully(ext, data)
+    return verdict

@@ -1,0 +1,377 @@
+"""``pack``: scan -> plan -> write shards in parallel -> index. Resumable, and accounts for every file.
+
+State of an unfinished split lives in ``DST/.imgshards/<split>/``: ``plan.json`` (the arguments and a
+fingerprint of the scanned tree) and one record per finished shard. Re-running the same command
+after a crash checks the finished shards against their records, writes the rest, and gives output
+byte-identical to an uninterrupted run. The index is written last, under a lock, so several splits
+can be packed into one destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from .check import Check
+from .errors import DestinationError, ManifestError, SourceError
+from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .plan import Plan, make_plan
+from .pool import default_workers, start_pool, worker_state
+from .scan import Reject, ScanResult, scan_tree
+from .verify import hash_file
+from .write import ShardRecord, ShardTask, write_atomic, write_shard
+
+__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackResult", "pack"]
+
+DEFAULT_SHARD_SIZE = 256 * 10**6
+STATE_DIR = ".imgshards"
+_SPLIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackConfig:
+    """How to pack a tree. Every field but ``workers``, ``overwrite`` and ``progress`` shapes the output.
+
+    Attributes:
+        split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
+            digits and underscores.
+        shard_size: Shards are closed before they pass this many bytes (at least one sample each).
+        seed: Seed of the global shuffle that mixes classes across shards.
+        check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
+            (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.
+        resize: Re-encode images as RGB JPEGs with the shorter side at most this many pixels
+            (never upscaled); ``None`` stores the original bytes.
+        quality: JPEG quality of re-encoded images.
+        workers: Worker processes writing shards; ``None`` for one per core.
+        overwrite: Replace a split packed into ``dst`` with other arguments or from another tree.
+        progress: Show progress bars on stderr.
+    """
+
+    split: str = "train"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    seed: int = 0
+    check: Check | str = Check.HEADER
+    resize: int | None = None
+    quality: int = 90
+    workers: int | None = None
+    overwrite: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.split or not set(self.split) <= _SPLIT_CHARS:
+            raise ValueError(f"split must be lower-case letters, digits and '_', got {self.split!r}")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be a positive number of bytes, got {self.shard_size}")
+        try:
+            object.__setattr__(self, "check", Check(self.check))
+        except ValueError:
+            allowed = ", ".join(c.value for c in Check)
+            raise ValueError(f"check must be one of {allowed}; got {self.check!r}") from None
+        if self.resize is not None and self.resize < 1:
+            raise ValueError(f"resize must be a positive number of pixels, got {self.resize}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be between 1 and 100, got {self.quality}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+
+    def output_args(self, src: Path) -> dict[str, Any]:
+        """The arguments that shape the output, as recorded in the index."""
+        check = self.check.value if isinstance(self.check, Check) else self.check
+        return {
+            "source": str(src),
+            "seed": self.seed,
+            "shard_size": self.shard_size,
+            "check": check,
+            "resize": self.resize,
+            "quality": self.quality if self.resize is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What a ``pack`` run did."""
+
+    dst: Path
+    split: str
+    manifest: Manifest
+    shards_written: int
+    shards_reused: int
+    rejects_by_reason: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def info(self) -> SplitInfo:
+        """The packed split, as recorded in the index."""
+        return self.manifest.split(self.split)
+
+
+def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig | None = None) -> PackResult:
+    """Pack the ImageFolder tree ``src`` into WebDataset shards and an index in ``dst``.
+
+    Raises:
+        SourceError: ``src`` is not a usable ImageFolder tree.
+        DestinationError: ``dst`` holds a conflicting pack (other arguments, tree or classes), or
+            another ``pack`` is writing the same split there.
+    """
+    config = config or PackConfig()
+    started = time.perf_counter()
+    src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
+    if dst_path == src_path or src_path in dst_path.parents:
+        raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
+    if not src_path.is_dir():
+        raise SourceError(f"source directory {src_path} does not exist or is not a directory")
+    state = dst_path / STATE_DIR / config.split
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
+    counter = _shared_counter()
+    with _locked(state / "lock", f"another `imgshards pack` is writing split {config.split!r} into {dst_path}"):
+        workers = config.workers or default_workers()
+        pool = start_pool(workers, {"counter": counter})
+        try:
+            scan = _scan(src_path, config.progress)
+            _check_classes(dst_path, config.split, scan)
+            plan = make_plan(scan, seed=config.seed, shard_size=config.shard_size)
+            _prepare(dst_path, state, config, src_path, plan)
+            written, reused, records = _write_all(pool, workers, scan, plan, dst_path, state, config, counter)
+        finally:
+            pool.shutdown(cancel_futures=True)
+        manifest, by_reason = _finish(dst_path, state, config, src_path, scan, records)
+    return PackResult(dst_path, config.split, manifest, written, reused, by_reason, time.perf_counter() - started)
+
+
+def _shared_counter() -> Any:
+    import multiprocessing as mp
+
+    return mp.get_context("fork" if hasattr(os, "fork") else "spawn").Value("q", 0)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DestinationError(busy) from None
+        yield
+
+
+def _scan(src: Path, progress: bool) -> ScanResult:
+    with tqdm(desc="scan", unit=" class", disable=not progress, leave=False) as bar:
+        files = 0
+
+        def advance(_: str, count: int) -> None:
+            nonlocal files
+            files += count
+            bar.update()
+            bar.set_postfix(files=files, refresh=False)
+
+        return scan_tree(src, on_class=advance)
+
+
+def _check_classes(dst: Path, split: str, scan: ScanResult) -> None:
+    """Refuse a split whose classes differ from those of the splits already in ``dst``."""
+    if not (dst / INDEX_NAME).exists():
+        return
+    existing = read_manifest(dst)
+    others = sorted(s for s in existing.splits if s != split)
+    if others and existing.classes != scan.classes:
+        extra = sorted(set(scan.classes) - set(existing.classes))
+        missing = sorted(set(existing.classes) - set(scan.classes))
+        raise DestinationError(
+            f"the classes of {scan.root} differ from those of split(s) {', '.join(others)} in {dst} "
+            f"(new: {extra[:5] or 'none'}, missing: {missing[:5] or 'none'}); splits of one dataset "
+            "share one label index: pack into another destination, or fix the class directories"
+        )
+
+
+def _prepare(dst: Path, state: Path, config: PackConfig, src: Path, plan: Plan) -> None:
+    """Start a fresh split, continue an interrupted one, or refuse to mix two different ones."""
+    wanted = {"args": config.output_args(src), "fingerprint": plan.fingerprint, "shards": plan.num_shards}
+    plan_file = state / "plan.json"
+    previous = json.loads(plan_file.read_text()) if plan_file.exists() else None
+    leftovers = sorted(p.name for p in dst.glob(f"{config.split}-*.tar"))
+    if previous == wanted:
+        pass
+    elif previous is None and not leftovers and not _in_index(dst, config.split):
+        pass
+    elif config.overwrite:
+        _clear_split(dst, state, config.split)
+    else:
+        raise DestinationError(_conflict(dst, config.split, previous, wanted, leftovers))
+    for stale in dst.glob(f".{config.split}-*.partial"):
+        stale.unlink()
+    write_atomic(plan_file, (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _in_index(dst: Path, split: str) -> bool:
+    try:
+        return split in read_manifest(dst).splits
+    except ManifestError:
+        return False
+
+
+def _conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
+    if previous is None:
+        what = f"shards of split {split!r} not made by an interrupted run of this command ({len(leftovers)} files)"
+    elif previous["args"] != wanted["args"]:
+        diff = [
+            f"{k} {previous['args'].get(k)!r} -> {v!r}"
+            for k, v in wanted["args"].items()
+            if previous["args"].get(k) != v
+        ]
+        what = f"split {split!r} packed with other arguments ({'; '.join(diff)})"
+    else:
+        what = f"split {split!r} packed from a different tree (files were added, removed or changed since)"
+    return f"{dst} already holds {what}; pass --overwrite to replace it, or choose another destination"
+
+
+def _clear_split(dst: Path, state: Path, split: str) -> None:
+    for path in [*dst.glob(f"{split}-*.tar"), dst / f"{split}-rejects.jsonl"]:
+        path.unlink(missing_ok=True)
+    for path in state.iterdir():
+        if path.name != "lock":
+            path.unlink() if path.is_file() else shutil.rmtree(path)
+    if (dst / INDEX_NAME).exists():
+        with _locked(dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
+            manifest = read_manifest(dst)
+            splits = {k: v for k, v in manifest.splits.items() if k != split}
+            _write_index(dst, Manifest(manifest.classes, splits))
+
+
+def _shard_name(split: str, i: int) -> str:
+    return f"{split}-{i:06d}.tar"
+
+
+def _reusable(dst: Path, state: Path, name: str) -> ShardRecord | None:
+    """The record of a shard finished by an earlier run, if the shard on disk still matches it."""
+    record_file = state / f"{name}.json"
+    if not record_file.exists() or not (dst / name).exists():
+        return None
+    return ShardRecord.from_json(json.loads(record_file.read_text()))
+
+
+def _write_all(
+    pool: ProcessPoolExecutor,
+    workers: int,
+    scan: ScanResult,
+    plan: Plan,
+    dst: Path,
+    state: Path,
+    config: PackConfig,
+    counter: Any,
+) -> tuple[int, int, list[ShardRecord]]:
+    """Write every shard not already done; check the done ones; return counts and all records."""
+    records: dict[int, ShardRecord] = {}
+    checks: dict[Future[str], tuple[int, ShardRecord]] = {}
+    todo: list[int] = []
+    for i in range(plan.num_shards):
+        record = _reusable(dst, state, _shard_name(config.split, i))
+        if record is None:
+            todo.append(i)
+        else:
+            checks[pool.submit(hash_file, str(dst / record.name))] = (i, record)
+    for future in checks:
+        i, record = checks[future]
+        if future.result() == record.sha256:
+            records[i] = record
+        else:
+            todo.append(i)  # damaged since: write it again
+    todo.sort()
+    reused = len(records)
+    total = sum(len(plan.shard(i)) for i in todo)
+    bar = tqdm(total=total, desc=f"pack {config.split}", unit=" img", disable=not config.progress, smoothing=0.1)
+
+    def make_task(i: int) -> ShardTask:
+        idx = plan.shard(i)
+        return ShardTask(
+            index=i,
+            name=_shard_name(config.split, i),
+            src=str(scan.root),
+            dst=str(dst),
+            paths=scan.paths.take(idx),
+            labels=scan.labels[idx],
+            keys=idx,
+            classes=scan.classes,
+            key_width=plan.key_width,
+            check=Check(config.check),
+            resize=config.resize,
+            quality=config.quality,
+        )
+
+    # Keep a few tasks per worker queued, not all: each task holds its shard's paths.
+    in_flight: dict[Future[ShardRecord], int] = {}
+    queue = iter(todo)
+    limit = 2 * workers
+    with bar:
+        while True:
+            for i in queue:
+                in_flight[pool.submit(_write_in_worker, make_task(i))] = i
+                if len(in_flight) >= limit:
+                    break
+            if not in_flight:
+                break
+            done, _ = wait(in_flight, timeout=0.25, return_when=FIRST_COMPLETED)
+            bar.n = counter.value
+            bar.refresh()
+            for future in done:
+                i = in_flight.pop(future)
+                record = future.result()
+                write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode())
+                records[i] = record
+    return len(todo), reused, [records[i] for i in range(plan.num_shards)]
+
+
+def _write_in_worker(task: ShardTask) -> ShardRecord:
+    return write_shard(task, worker_state().get("counter"))
+
+
+def _finish(
+    dst: Path, state: Path, config: PackConfig, src: Path, scan: ScanResult, records: list[ShardRecord]
+) -> tuple[Manifest, dict[str, int]]:
+    """Write the rejects file and fold the split into the index (written last)."""
+    rejects: list[Reject] = sorted([*scan.rejects, *(r for rec in records for r in rec.rejects)], key=lambda r: r.path)
+    by_reason = dict(sorted(Counter(r.reason.value for r in rejects).items()))
+    rejects_name = f"{config.split}-rejects.jsonl"
+    lines = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rejects)
+    write_atomic(dst / rejects_name, lines.encode())
+    counts = [0] * len(scan.classes)
+    for record in records:
+        for label, n in record.class_counts.items():
+            counts[label] += n
+    split = SplitInfo(
+        name=config.split,
+        shards=tuple(ShardInfo(r.name, r.samples, r.bytes, r.sha256) for r in records),
+        class_counts=tuple(counts),
+        rejects_total=len(rejects),
+        rejects_by_reason=by_reason,
+        rejects_file=rejects_name,
+        pack_args=config.output_args(src),
+    )
+    with _locked(dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
+        _check_classes(dst, config.split, scan)  # another split may have landed meanwhile
+        splits = dict(read_manifest(dst).splits) if (dst / INDEX_NAME).exists() else {}
+        splits[config.split] = split
+        manifest = Manifest(scan.classes, splits)
+        _write_index(dst, manifest)
+    return manifest, by_reason
+
+
+def _write_index(dst: Path, manifest: Manifest) -> None:
+    write_atomic(dst / INDEX_NAME, manifest.dumps().encode())
+    write_atomic(dst / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
+

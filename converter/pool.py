@@ -1,0 +1,60 @@
+"""Worker processes for packing and verifying: started small, and gone when their parent is."""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+__all__ = ["default_workers", "start_pool", "worker_state"]
+
+_state: dict[str, Any] = {}
+
+
+def default_workers() -> int:
+    """Worker processes to use by default: the cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def worker_state() -> dict[str, Any]:
+    """Objects handed to every worker at start (shared counters, for instance)."""
+    return _state
+
+
+def _init(state: dict[str, Any]) -> None:
+    _state.update(state)
+    if sys.platform == "linux":
+        # A worker must not outlive a killed parent: it would go on writing into a destination that
+        # a re-run is cleaning up. PR_SET_PDEATHSIG = 1.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+def start_pool(workers: int, state: dict[str, Any] | None = None) -> ProcessPoolExecutor:
+    """Start ``workers`` processes now, before the caller grows large, and return the pool.
+
+    On Linux the workers are forked at once, while the parent is still small, so that they do not
+    inherit (and count in their RSS) the scan of a million paths made afterwards. Elsewhere they
+    are spawned.
+    """
+    method = "fork" if sys.platform == "linux" else "spawn"
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=mp.get_context(method),
+        initializer=_init,
+        initargs=(state or {},),
+    )
+    noop: Callable[[], int] = os.getpid
+    pool.submit(noop).result()  # with fork, the first task launches every worker
+    return pool

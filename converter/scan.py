@@ -1,0 +1,257 @@
+"""List an ImageFolder tree the way ``torchvision.datasets.ImageFolder`` does, fast and compactly.
+
+Classes are the sorted immediate subdirectories of the root; images are found recursively in each
+class directory, following symlinked directories, and kept when their extension (any case) is one of
+torchvision's ``IMG_EXTENSIONS``. Samples come out in ImageFolder's order, so sample ``i`` here is
+``ImageFolder(root).samples[i]``.
+
+Differences, all on files ImageFolder would choke on: a symlink that loops back to a directory above
+it is reported, not walked forever; broken symlinks and special files are reported; files that are
+not in a class directory or have another extension are reported. Every file under the root ends up
+in :attr:`ScanResult.paths` or :attr:`ScanResult.rejects`.
+
+Millions of paths are held as one byte buffer plus offsets (:class:`PathTable`), about the length of
+the path plus 8 bytes a file, not a list of Python tuples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .check import Reason
+from .errors import SourceError
+
+__all__ = ["IMG_EXTENSIONS", "PathTable", "Reject", "ScanResult", "scan_tree"]
+
+# torchvision.datasets.folder.IMG_EXTENSIONS; copied, not imported: the converter needs no torch.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class Reject:
+    """An input file (or directory) that was not packed, and why."""
+
+    path: str
+    reason: Reason
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        """Return the JSON form written to the rejects file."""
+        return {"path": self.path, "reason": self.reason.value, "detail": self.detail}
+
+
+class PathTable(Sequence[str]):
+    """An immutable sequence of relative paths stored in one buffer: compact, cheap to pickle."""
+
+    def __init__(self, blob: bytes, offsets: np.ndarray) -> None:
+        self._blob = blob
+        self._offsets = offsets
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[str]) -> PathTable:
+        """Build a table from ``str`` paths."""
+        encoded = [os.fsencode(p) for p in paths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return cls(b"".join(encoded), offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return os.fsdecode(self._blob[self._offsets[i] : self._offsets[i + 1]])
+
+    def take(self, indices: np.ndarray) -> PathTable:
+        """Return a new table with the paths at ``indices``, in that order."""
+        return PathTable.from_paths([self[int(i)] for i in indices])
+
+    def update_hash(self, h: hashlib._Hash) -> None:
+        """Feed the table's content to a hashlib object."""
+        h.update(self._offsets.astype("<i8").tobytes())
+        h.update(self._blob)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the table."""
+        return len(self._blob) + self._offsets.nbytes
+
+
+@dataclass
+class ScanResult:
+    """What a scan found: classes, the candidate images in ImageFolder order, and the rejects."""
+
+    root: Path
+    classes: tuple[str, ...]
+    paths: PathTable
+    labels: np.ndarray
+    sizes: np.ndarray
+    rejects: list[Reject] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def fingerprint(self) -> str:
+        """Digest of what was found: a resumed run must see the same tree as the run it continues."""
+        h = hashlib.sha256()
+        for name in self.classes:
+            h.update(os.fsencode(name) + b"\0")
+        self.paths.update_hash(h)
+        h.update(self.labels.astype("<i4").tobytes())
+        h.update(self.sizes.astype("<i8").tobytes())
+        return h.hexdigest()
+
+
+@dataclass
+class _ClassListing:
+    files: list[tuple[str, int]]
+    rejects: list[Reject]
+
+
+def _dir_key(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk_class(root: str, class_name: str) -> _ClassListing:
+    """List one class directory recursively in ImageFolder's order, detecting symlink loops."""
+    found: list[tuple[str, list[tuple[str, int]]]] = []
+    rejects: list[Reject] = []
+    # Each stack entry: a directory's path relative to root, and the (device, inode) of it and of
+    # every directory above it up to the root; a symlink that resolves to one of those would loop.
+    top = frozenset({_dir_key(root), _dir_key(os.path.join(root, class_name))})
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(class_name, top)]
+    while stack:
+        rel, ancestors = stack.pop()
+        files: list[tuple[str, int]] = []
+        try:
+            entries = list(os.scandir(os.path.join(root, rel)))
+        except OSError as e:
+            rejects.append(Reject(rel, Reason.UNREADABLE, f"cannot list directory: {e.strerror}"))
+            continue
+        for entry in entries:
+            entry_rel = f"{rel}/{entry.name}"
+            try:
+                if entry.is_dir():
+                    est = entry.stat()
+                    key = (est.st_dev, est.st_ino)
+                    if key in ancestors:
+                        target = os.readlink(entry.path) if entry.is_symlink() else entry.path
+                        rejects.append(Reject(entry_rel, Reason.SYMLINK_LOOP, f"points back to {target}"))
+                    else:
+                        stack.append((entry_rel, ancestors | {key}))
+                elif entry.is_file():
+                    if entry.name.lower().endswith(IMG_EXTENSIONS):
+                        files.append((entry.name, entry.stat().st_size))
+                    else:
+                        rejects.append(Reject(entry_rel, Reason.UNSUPPORTED_EXTENSION))
+                elif entry.is_symlink():
+                    target = os.readlink(entry.path)
+                    rejects.append(Reject(entry_rel, Reason.BROKEN_SYMLINK, f"points to missing {target}"))
+                else:
+                    rejects.append(Reject(entry_rel, Reason.SPECIAL_FILE, "not a regular file"))
+            except OSError as e:
+                rejects.append(Reject(entry_rel, Reason.UNREADABLE, e.strerror or str(e)))
+        found.append((rel, files))
+    # ImageFolder sorts os.walk's (root, dirs, files) tuples, i.e. directories by path, then names.
+    found.sort(key=lambda item: item[0])
+    ordered = [(f"{rel}/{name}", size) for rel, files in found for name, size in sorted(files)]
+    return _ClassListing(ordered, rejects)
+
+
+def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
+    """Return the sorted class directories of ``root`` and rejects for loose files beside them.
+
+    Raises:
+        SourceError: ``root`` is missing, unreadable, or has no class directory.
+    """
+    if not root.exists():
+        raise SourceError(f"source directory {root} does not exist")
+    if not root.is_dir():
+        raise SourceError(f"source {root} is not a directory; give the root of an ImageFolder tree")
+    try:
+        entries = list(os.scandir(root))
+    except OSError as e:
+        raise SourceError(f"cannot read source directory {root}: {e.strerror}") from e
+    classes = sorted(e.name for e in entries if e.is_dir())
+    if not classes:
+        raise SourceError(
+            f"no class directories in {root}: an ImageFolder tree is root/<class>/<image>, "
+            "one subdirectory per class"
+        )
+    loose = sorted(e.name for e in entries if not e.is_dir())
+    return classes, [Reject(name, Reason.OUTSIDE_CLASS_DIR, "not inside a class directory") for name in loose]
+
+
+def scan_tree(
+    root: str | os.PathLike[str],
+    *,
+    threads: int = 16,
+    on_class: Callable[[str, int], None] | None = None,
+) -> ScanResult:
+    """Scan an ImageFolder tree.
+
+    Args:
+        root: The tree's root directory.
+        threads: Class directories listed at once; listing waits on the disk, so more threads than
+            cores pays off on cold caches and network file systems.
+        on_class: Called with each class name and its file count as the scan moves on (progress).
+
+    Raises:
+        SourceError: the root is unusable, or a class directory holds no image (as ImageFolder).
+    """
+    root = Path(root)
+    classes, rejects = find_classes(root)
+    chunks: list[bytes] = []
+    lengths: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    sizes: list[np.ndarray] = []
+    empty: list[str] = []
+    for label, listing in enumerate(_listings(str(root), classes, threads)):
+        rejects.extend(listing.rejects)
+        if not listing.files:
+            empty.append(classes[label])
+            continue
+        encoded = [os.fsencode(path) for path, _ in listing.files]
+        chunks.append(b"".join(encoded))
+        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        sizes.append(np.fromiter((s for _, s in listing.files), dtype=np.int64, count=len(encoded)))
+        labels.append(np.full(len(encoded), label, dtype=np.int32))
+        if on_class is not None:
+            on_class(classes[label], len(encoded))
+    if empty:
+        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise SourceError(
+            f"class director{'ies' if len(empty) > 1 else 'y'} with no image in {root}: {shown}. "
+            f"Images need one of the extensions {', '.join(IMG_EXTENSIONS)}; remove or fill "
+            "the empty class directories (ImageFolder refuses them too)"
+        )
+    offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    rejects.sort(key=lambda r: r.path)
+    return ScanResult(
+        root=root,
+        classes=tuple(classes),
+        paths=PathTable(b"".join(chunks), offsets),
+        labels=np.concatenate(labels),
+        sizes=np.concatenate(sizes),
+        rejects=rejects,
+    )
+
+
+def _listings(root: str, classes: list[str], threads: int) -> Iterator[_ClassListing]:
+    """Yield each class's listing in class order, listing up to ``threads`` classes at once."""
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        # map() keeps order; submitting lazily in windows bounds the listings held in memory.
+        window = max(1, threads) * 2
+        for start in range(0, len(classes), window):
+            batch = classes[start : start + window]
+            yield from pool.map(lambda name: _walk_class(root, name), batch)
