@@ -25,8 +25,7 @@ def _template() -> bytearray:
     header[136:148] = b"00000000000\x00"  # mtime
     header[156:157] = b"0"  # typeflag: regular file
     header[257:265] = b"ustar\x0000"  # magic and version
-    header[329:337] = b"0000000\x00"  # devmajor
-    header[337:345] = b"0000000\x00"  # devminor
+    # uname, gname, devmajor, devminor and prefix stay NUL, as tarfile leaves them for regular files
     return header
 
 

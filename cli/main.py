@@ -1,0 +1,43 @@
+"""The ``imgshards`` command group: one module per command, library errors mapped to one-line messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from imgshards.converter import ImgshardsError
+
+from .demo import demo
+from .info import info
+from .pack import pack
+from .verify import verify
+
+__all__ = ["cli", "main"]
+
+
+class _Group(click.Group):
+    """Turns a user's mistake (an :class:`ImgshardsError` from the library) into a message, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ImgshardsError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="imgshards")
+def cli() -> None:
+    """Pack an ImageFolder tree into WebDataset shards once; stream them into PyTorch training."""
+
+
+cli.add_command(pack)
+cli.add_command(verify)
+cli.add_command(info)
+cli.add_command(demo)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()
