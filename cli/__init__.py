@@ -1,1 +1,1 @@
-"""The ``imgshards`` command line: a thin shell over :mod:`imgshards.converter` and :mod:`imgshards.loader`."""
+"""The ``imgshards`` command line: a thin shell over the converter and the loader."""

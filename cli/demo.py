@@ -15,9 +15,15 @@ __all__ = ["demo"]
 
 
 @click.command()
-@click.option("--keep", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Work in this directory and keep the result, instead of a temporary one.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores].")
+@click.option(
+    "--keep",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Work in this directory and keep the result, instead of a temporary one.",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
+)
 def demo(keep: Path | None, workers: int | None) -> None:
     """Pack a synthetic 8-class tree (with a few bad files) end to end; needs no data of your own."""
     with tempfile.TemporaryDirectory(prefix="imgshards-demo-") as tmp:

@@ -28,7 +28,8 @@ def info(dst: Path, as_json: bool) -> None:
         sizes = [s.bytes for s in split.shards]
         counts = split.class_counts
         click.echo(
-            f"  {name}: {split.samples:,} samples in {len(split.shards):,} shards ({format_bytes(split.bytes)}; "
+            f"  {name}: {split.samples:,} samples in {len(split.shards):,} shards "
+            f"({format_bytes(split.bytes)}; "
             f"shard {format_bytes(min(sizes, default=0))}..{format_bytes(max(sizes, default=0))})"
         )
         if counts:

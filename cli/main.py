@@ -17,7 +17,7 @@ __all__ = ["cli", "main"]
 
 
 class _Group(click.Group):
-    """Turns a user's mistake (an :class:`ImgshardsError` from the library) into a message, not a traceback."""
+    """Turns a user's mistake (an :class:`ImgshardsError`) into a one-line message, not a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

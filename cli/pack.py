@@ -18,16 +18,37 @@ __all__ = ["pack", "print_summary"]
 @click.argument("src", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("dst", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--split", default="train", show_default=True, help="Split name; the shards' prefix.")
-@click.option("--shard-size", type=ByteSize(), default=DEFAULT_SHARD_SIZE, show_default="256MB",
-              help="Close a shard before it passes this size (256MB, 1GiB...).")
+@click.option(
+    "--shard-size",
+    type=ByteSize(),
+    default=DEFAULT_SHARD_SIZE,
+    show_default="256MB",
+    help="Close a shard before it passes this size (256MB, 1GiB...).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the global shuffle.")
-@click.option("--check", type=click.Choice([c.value for c in Check]), default=Check.HEADER.value,
-              show_default=True, help="header: cheap checks; full: decode every image; none: trust the files.")
-@click.option("--resize", type=click.IntRange(min=1), default=None,
-              help="Re-encode as RGB JPEG with the shorter side at most N pixels (never upscaled).")
-@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
-              help="JPEG quality with --resize.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores].")
+@click.option(
+    "--check",
+    type=click.Choice([c.value for c in Check]),
+    default=Check.HEADER.value,
+    show_default=True,
+    help="header: cheap checks; full: decode every image; none: trust the files.",
+)
+@click.option(
+    "--resize",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Re-encode as RGB JPEG with the shorter side at most N pixels (never upscaled).",
+)
+@click.option(
+    "--quality",
+    type=click.IntRange(1, 100),
+    default=90,
+    show_default=True,
+    help="JPEG quality with --resize.",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
+)
 @click.option("--overwrite", is_flag=True, help="Replace a split packed into DST with other arguments.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 def pack(src: Path, dst: Path, **options: object) -> None:
@@ -40,7 +61,7 @@ def pack(src: Path, dst: Path, **options: object) -> None:
     if options["quality"] != 90 and options["resize"] is None:
         raise click.UsageError("--quality applies to re-encoded images only; add --resize N")
     try:
-        config = PackConfig(**options)  # type: ignore[arg-type]
+        config = PackConfig(**options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     print_summary(pack_tree(src, dst, config))
@@ -52,7 +73,8 @@ def print_summary(result: PackResult) -> None:
     rate = sum(s.samples for s in info.shards) / result.seconds if result.seconds else 0.0
     click.echo(
         f"packed split {result.split!r} into {result.dst}: {info.samples:,} samples of "
-        f"{len(result.manifest.classes):,} classes in {len(info.shards):,} shards ({format_bytes(info.bytes)})"
+        f"{len(result.manifest.classes):,} classes in {len(info.shards):,} shards "
+        f"({format_bytes(info.bytes)})"
     )
     click.echo(
         f"  {result.shards_written} shards written, {result.shards_reused} reused from an earlier run, "
@@ -60,9 +82,13 @@ def print_summary(result: PackResult) -> None:
     )
     if info.rejects_total:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
-        click.echo(f"  rejected {info.rejects_total:,} files ({reasons}): see {result.dst / str(info.rejects_file)}")
+        click.echo(
+            f"  rejected {info.rejects_total:,} files ({reasons}): see {result.dst / str(info.rejects_file)}"
+        )
     else:
         click.echo("  no file rejected")
-    empty = [name for name, n in zip(result.manifest.classes, info.class_counts) if n == 0]
+    empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
     if empty:
-        click.secho(f"  warning: {len(empty)} classes have no sample left: {', '.join(empty[:5])}", fg="yellow")
+        click.secho(
+            f"  warning: {len(empty)} classes have no sample left: {', '.join(empty[:5])}", fg="yellow"
+        )

@@ -14,7 +14,9 @@ __all__ = ["verify"]
 @click.command()
 @click.argument("dst", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--split", "splits", multiple=True, help="Verify only this split (repeatable).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores].")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
+)
 def verify(dst: Path, splits: tuple[str, ...], workers: int | None) -> None:
     """Re-hash and recount every shard in DST against its index; exit 1 naming any mismatch."""
     report = verify_dataset(dst, splits=list(splits) or None, workers=workers)

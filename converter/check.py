@@ -182,6 +182,7 @@ def inspect_image(data: bytes, suffix: str, check: Check) -> Inspection:
         data: The whole file.
         suffix: The file name's extension, lower case with its dot (``".jpeg"``).
         check: How thoroughly to look (see the module docstring).
+
     """
     ext = _sniff(data)
     if check is Check.NONE:
@@ -191,9 +192,7 @@ def inspect_image(data: bytes, suffix: str, check: Check) -> Inspection:
     if ext is None:
         for magic, name in _OTHER_MAGIC:
             if data.startswith(magic):
-                return Inspection(
-                    reason=Reason.UNSUPPORTED_FORMAT, detail=f"{name} data in a {suffix} file"
-                )
+                return Inspection(reason=Reason.UNSUPPORTED_FORMAT, detail=f"{name} data in a {suffix} file")
         return Inspection(reason=Reason.NOT_IMAGE, detail=f"no image signature (starts with {data[:8]!r})")
     if ext == "jpg":
         verdict = _jpeg_header(data)

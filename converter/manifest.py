@@ -163,7 +163,7 @@ class Manifest:
     def from_json(cls, data: Any, *, where: str = INDEX_NAME) -> Manifest:
         """Build from the parsed JSON of an index; ``where`` names it in error messages."""
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-            raise ManifestError(f"{where} is not an imgshards index (no \"format\": \"{FORMAT_NAME}\")")
+            raise ManifestError(f'{where} is not an imgshards index (no "format": "{FORMAT_NAME}")')
         if data.get("version") != FORMAT_VERSION:
             raise ManifestError(
                 f"{where} has format version {data.get('version')!r}; this imgshards reads version "
@@ -188,7 +188,9 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
     return SplitInfo(
         name=name,
         shards=tuple(
-            ShardInfo(name=str(s["name"]), samples=int(s["samples"]), bytes=int(s["bytes"]), sha256=str(s["sha256"]))
+            ShardInfo(
+                name=str(s["name"]), samples=int(s["samples"]), bytes=int(s["bytes"]), sha256=str(s["sha256"])
+            )
             for s in data["shards"]
         ),
         class_counts=tuple(int(c) for c in data["class_counts"]),
@@ -204,6 +206,7 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
 
     Raises:
         ManifestError: the index is missing, unreadable, malformed, or of another format version.
+
     """
     path = Path(root)
     if path.is_dir():
@@ -221,4 +224,3 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     except json.JSONDecodeError as e:
         raise ManifestError(f"{path} is not valid JSON ({e}); re-pack the dataset") from e
     return Manifest.from_json(data, where=str(path))
-

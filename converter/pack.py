@@ -57,6 +57,7 @@ class PackConfig:
         workers: Worker processes writing shards; ``None`` for one per core.
         overwrite: Replace a split packed into ``dst`` with other arguments or from another tree.
         progress: Show progress bars on stderr.
+
     """
 
     split: str = "train"
@@ -117,13 +118,16 @@ class PackResult:
         return self.manifest.split(self.split)
 
 
-def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig | None = None) -> PackResult:
+def pack(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig | None = None
+) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset shards and an index in ``dst``.
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree.
         DestinationError: ``dst`` holds a conflicting pack (other arguments, tree or classes), or
             another ``pack`` is writing the same split there.
+
     """
     config = config or PackConfig()
     started = time.perf_counter()
@@ -138,7 +142,9 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackC
     except OSError as e:
         raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
     counter = _shared_counter()
-    with _locked(state / "lock", f"another `imgshards pack` is writing split {config.split!r} into {dst_path}"):
+    with _locked(
+        state / "lock", f"another `imgshards pack` is writing split {config.split!r} into {dst_path}"
+    ):
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
         try:
@@ -150,7 +156,9 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackC
         finally:
             pool.shutdown(cancel_futures=True)
         manifest, by_reason = _finish(dst_path, state, config, src_path, scan, records)
-    return PackResult(dst_path, config.split, manifest, written, reused, by_reason, time.perf_counter() - started)
+    return PackResult(
+        dst_path, config.split, manifest, written, reused, by_reason, time.perf_counter() - started
+    )
 
 
 def _shared_counter() -> Any:
@@ -205,9 +213,7 @@ def _prepare(dst: Path, state: Path, config: PackConfig, src: Path, plan: Plan) 
     plan_file = state / "plan.json"
     previous = json.loads(plan_file.read_text()) if plan_file.exists() else None
     leftovers = sorted(p.name for p in dst.glob(f"{config.split}-*.tar"))
-    if previous == wanted:
-        pass
-    elif previous is None and not leftovers and not _in_index(dst, config.split):
+    if previous == wanted or (previous is None and not leftovers and not _in_index(dst, config.split)):
         pass
     elif config.overwrite:
         _clear_split(dst, state, config.split)
@@ -227,7 +233,7 @@ def _in_index(dst: Path, split: str) -> bool:
 
 def _conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
     if previous is None:
-        what = f"shards of split {split!r} not made by an interrupted run of this command ({len(leftovers)} files)"
+        what = f"{len(leftovers)} shards of split {split!r} not made by an interrupted run of this command"
     elif previous["args"] != wanted["args"]:
         diff = [
             f"{k} {previous['args'].get(k)!r} -> {v!r}"
@@ -257,8 +263,8 @@ def _shard_name(split: str, i: int) -> str:
     return f"{split}-{i:06d}.tar"
 
 
-def _reusable(dst: Path, state: Path, name: str) -> ShardRecord | None:
-    """The record of a shard finished by an earlier run, if the shard on disk still matches it."""
+def _recorded(dst: Path, state: Path, name: str) -> ShardRecord | None:
+    """The record of a shard finished by an earlier run, if both the record and the shard exist."""
     record_file = state / f"{name}.json"
     if not record_file.exists() or not (dst / name).exists():
         return None
@@ -276,25 +282,16 @@ def _write_all(
     counter: Any,
 ) -> tuple[int, int, list[ShardRecord]]:
     """Write every shard not already done; check the done ones; return counts and all records."""
-    records: dict[int, ShardRecord] = {}
-    checks: dict[Future[str], tuple[int, ShardRecord]] = {}
-    todo: list[int] = []
-    for i in range(plan.num_shards):
-        record = _reusable(dst, state, _shard_name(config.split, i))
-        if record is None:
-            todo.append(i)
-        else:
-            checks[pool.submit(hash_file, str(dst / record.name))] = (i, record)
-    for future in checks:
-        i, record = checks[future]
-        if future.result() == record.sha256:
-            records[i] = record
-        else:
-            todo.append(i)  # damaged since: write it again
-    todo.sort()
+    records = _check_done(pool, plan, dst, state, config.split)
+    todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
-    total = sum(len(plan.shard(i)) for i in todo)
-    bar = tqdm(total=total, desc=f"pack {config.split}", unit=" img", disable=not config.progress, smoothing=0.1)
+    bar = tqdm(
+        total=sum(len(plan.shard(i)) for i in todo),
+        desc=f"pack {config.split}",
+        unit=" img",
+        disable=not config.progress,
+        smoothing=0.1,
+    )
 
     def make_task(i: int) -> ShardTask:
         idx = plan.shard(i)
@@ -316,12 +313,11 @@ def _write_all(
     # Keep a few tasks per worker queued, not all: each task holds its shard's paths.
     in_flight: dict[Future[ShardRecord], int] = {}
     queue = iter(todo)
-    limit = 2 * workers
     with bar:
         while True:
             for i in queue:
                 in_flight[pool.submit(_write_in_worker, make_task(i))] = i
-                if len(in_flight) >= limit:
+                if len(in_flight) >= 2 * workers:
                     break
             if not in_flight:
                 break
@@ -329,11 +325,22 @@ def _write_all(
             bar.n = counter.value
             bar.refresh()
             for future in done:
-                i = in_flight.pop(future)
                 record = future.result()
                 write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode())
-                records[i] = record
+                records[in_flight.pop(future)] = record
     return len(todo), reused, [records[i] for i in range(plan.num_shards)]
+
+
+def _check_done(
+    pool: ProcessPoolExecutor, plan: Plan, dst: Path, state: Path, split: str
+) -> dict[int, ShardRecord]:
+    """Records of the shards an earlier run finished and that still hash as recorded."""
+    pending: dict[Future[str], tuple[int, ShardRecord]] = {}
+    for i in range(plan.num_shards):
+        record = _recorded(dst, state, _shard_name(split, i))
+        if record is not None:
+            pending[pool.submit(hash_file, str(dst / record.name))] = (i, record)
+    return {i: record for future, (i, record) in pending.items() if future.result() == record.sha256}
 
 
 def _write_in_worker(task: ShardTask) -> ShardRecord:
@@ -344,7 +351,9 @@ def _finish(
     dst: Path, state: Path, config: PackConfig, src: Path, scan: ScanResult, records: list[ShardRecord]
 ) -> tuple[Manifest, dict[str, int]]:
     """Write the rejects file and fold the split into the index (written last)."""
-    rejects: list[Reject] = sorted([*scan.rejects, *(r for rec in records for r in rec.rejects)], key=lambda r: r.path)
+    rejects: list[Reject] = sorted(
+        [*scan.rejects, *(r for rec in records for r in rec.rejects)], key=lambda r: r.path
+    )
     by_reason = dict(sorted(Counter(r.reason.value for r in rejects).items()))
     rejects_name = f"{config.split}-rejects.jsonl"
     lines = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rejects)
@@ -374,4 +383,3 @@ def _finish(
 def _write_index(dst: Path, manifest: Manifest) -> None:
     write_atomic(dst / INDEX_NAME, manifest.dumps().encode())
     write_atomic(dst / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
-

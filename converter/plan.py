@@ -69,4 +69,3 @@ def make_plan(scan: ScanResult, *, seed: int, shard_size: int) -> Plan:
         key_width=max(6, len(str(max(n - 1, 0)))),
         fingerprint=scan.fingerprint(),
     )
-

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -65,7 +66,11 @@ class PathTable(Sequence[str]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return os.fsdecode(self._blob[self._offsets[i] : self._offsets[i + 1]])
@@ -172,6 +177,7 @@ def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
 
     Raises:
         SourceError: ``root`` is missing, unreadable, or has no class directory.
+
     """
     if not root.exists():
         raise SourceError(f"source directory {root} does not exist")
@@ -207,6 +213,7 @@ def scan_tree(
 
     Raises:
         SourceError: the root is unusable, or a class directory holds no image (as ImageFolder).
+
     """
     root = Path(root)
     classes, rejects = find_classes(root)

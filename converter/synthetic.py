@@ -55,8 +55,8 @@ def _draw(rng: random.Random, shape: str, size: tuple[int, int]) -> Image.Image:
         d.polygon([(cx, cy - s), (cx + s, cy), (cx, cy + s), (cx - s, cy)], fill=fg)
     else:
         for _ in range(12):
-            x, y = rng.uniform(0, w), rng.uniform(0, h)
-            d.ellipse((x - s / 6, y - s / 6, x + s / 6, y + s / 6), fill=fg)
+            dx, dy = rng.uniform(0, w), rng.uniform(0, h)
+            d.ellipse((dx - s / 6, dy - s / 6, dx + s / 6, dy + s / 6), fill=fg)
     return im
 
 
@@ -78,6 +78,7 @@ def make_synthetic_tree(
         size: Width and height of the images; odd images are transposed (portrait).
         seed: Seed of everything drawn.
         bad: Also write one file of each kind in :data:`BAD_FILES`, which ``pack`` must reject.
+
     """
     if not 1 <= classes <= len(_SHAPES):
         raise ValueError(f"classes must be between 1 and {len(_SHAPES)}, got {classes}")

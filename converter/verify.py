@@ -8,6 +8,7 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from .manifest import Manifest, ShardInfo, read_manifest
 from .pool import default_workers, start_pool
@@ -55,7 +56,7 @@ class VerifyReport:
 class _HashingReader:
     """A read-only stream that hashes what passes through it (tarfile reads shards sequentially)."""
 
-    def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self.sha = hashlib.sha256()
         self.size = 0
@@ -71,7 +72,9 @@ class _HashingReader:
             pass
 
 
-def _check_shard(path: str, expected: ShardInfo, split: str, num_classes: int) -> tuple[list[str], Counter[int]]:
+def _check_shard(
+    path: str, expected: ShardInfo, split: str, num_classes: int
+) -> tuple[list[str], Counter[int]]:
     """Problems found in one shard, and the labels it holds."""
     labels: Counter[int] = Counter()
     keys: set[str] = set()
@@ -88,7 +91,9 @@ def _check_shard(path: str, expected: ShardInfo, split: str, num_classes: int) -
                             data = tar.extractfile(member)
                             label = int(data.read()) if data else -1
                             if not 0 <= label < num_classes:
-                                problems.append(f"sample {key} has label {label}, outside 0..{num_classes - 1}")
+                                problems.append(
+                                    f"sample {key} has label {label}, outside 0..{num_classes - 1}"
+                                )
                             labels[label] += 1
             except (tarfile.TarError, ValueError) as e:
                 problems.append(f"unreadable tar ({e})")
@@ -104,11 +109,14 @@ def _check_shard(path: str, expected: ShardInfo, split: str, num_classes: int) -
     return problems, labels
 
 
-def verify(root: str | os.PathLike[str], *, splits: list[str] | None = None, workers: int | None = None) -> VerifyReport:
+def verify(
+    root: str | os.PathLike[str], *, splits: list[str] | None = None, workers: int | None = None
+) -> VerifyReport:
     """Check every shard of ``root`` against ``index.json``: presence, size, SHA-256, samples, labels.
 
     Raises:
         ManifestError: the index is missing or unreadable (that is not a shard problem).
+
     """
     root = Path(root)
     manifest: Manifest = read_manifest(root)
@@ -122,7 +130,7 @@ def verify(root: str | os.PathLike[str], *, splits: list[str] | None = None, wor
             for split, shard in jobs
         ]
         per_split: dict[str, Counter[int]] = {name: Counter() for name in names}
-        for (split, shard), future in zip(jobs, futures):
+        for (split, shard), future in zip(jobs, futures, strict=True):
             found, labels = future.result()
             problems.extend(ShardProblem(split, shard.name, p) for p in found)
             per_split[split].update(labels)

@@ -151,6 +151,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         task: The shard to write.
         counter: A shared ``multiprocessing.Value`` bumped by the number of files handled, for the
             parent's progress bar; ``None`` for no progress.
+
     """
     dst = Path(task.dst)
     final = dst / task.name
@@ -163,17 +164,17 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         full_paths = [os.path.join(task.src, p) for p in task.paths]
         for i, data in enumerate(_read_ahead(full_paths, pool)):
             rel = task.paths[i]
-            verdict = _inspect(rel, data, task)
-            if isinstance(verdict, Reject):
-                rejects.append(verdict)
+            outcome = _inspect(rel, data, task)
+            if isinstance(outcome, Reject):
+                rejects.append(outcome)
             else:
-                data, verdict = verdict
+                image, verdict = outcome
                 label = int(task.labels[i])
                 key = f"{int(task.keys[i]):0{task.key_width}d}"
-                meta = {"class": task.classes[label], "path": rel}
+                meta: dict[str, str | int] = {"class": task.classes[label], "path": rel}
                 if verdict.width:
                     meta |= {"width": verdict.width, "height": verdict.height}
-                tar.add(f"{key}.{verdict.ext}", data)
+                tar.add(f"{key}.{verdict.ext}", image)
                 tar.add(f"{key}.cls", str(label).encode())
                 tar.add(f"{key}.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
                 class_counts[label] = class_counts.get(label, 0) + 1

@@ -15,11 +15,27 @@ from imgshards.converter import PackConfig, make_synthetic_tree, pack
 MAKE_IMAGEFOLDER = Path(__file__).resolve().parents[2] / "shared" / "tools" / "make_imagefolder.py"
 
 
-def make_tree(root: Path, *, classes: int = 4, per_class: int = 10, profile: str = "tiny", seed: int = 0) -> Path:
+def make_tree(
+    root: Path, *, classes: int = 4, per_class: int = 10, profile: str = "tiny", seed: int = 0
+) -> Path:
     """Write an ImageFolder tree of real JPEGs at ``root`` and return it."""
     if MAKE_IMAGEFOLDER.exists():
-        cmd = [sys.executable, str(MAKE_IMAGEFOLDER), "--out", str(root), "--classes", str(classes),
-               "--per-class", str(per_class), "--profile", profile, "--seed", str(seed), "--jobs", "2"]
+        cmd = [
+            sys.executable,
+            str(MAKE_IMAGEFOLDER),
+            "--out",
+            str(root),
+            "--classes",
+            str(classes),
+            "--per-class",
+            str(per_class),
+            "--profile",
+            profile,
+            "--seed",
+            str(seed),
+            "--jobs",
+            "2",
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
     else:
         make_synthetic_tree(root, classes=min(classes, 8), per_class=per_class, seed=seed)

@@ -18,8 +18,16 @@ def messy_tree(tmp_path, tiny_tree):
     plus files it would skip or choke on."""
     jpeg = next(tiny_tree.rglob("*.JPEG")).read_bytes()
     root = tmp_path / "src"
-    for rel in ["b/x.jpg", "b/sub/y.JPG", "b/sub b/z.jpeg", "b/sub/deeper/w.png", "a/1.JPEG", "a/0.jpg",
-                "c d/é.webp", "elsewhere/linked.jpg"]:
+    for rel in [
+        "b/x.jpg",
+        "b/sub/y.JPG",
+        "b/sub b/z.jpeg",
+        "b/sub/deeper/w.png",
+        "a/1.JPEG",
+        "a/0.jpg",
+        "c d/é.webp",
+        "elsewhere/linked.jpg",
+    ]:
         _touch_jpeg(root / rel if not rel.startswith("elsewhere") else tmp_path / rel, jpeg)
     (root / "a" / "notes.txt").write_text("hi")
     (root / "README.md").write_text("loose file")
@@ -32,11 +40,15 @@ def messy_tree(tmp_path, tiny_tree):
 def test_scan_matches_imagefolder_order_and_labels(messy_tree):
     # Build ImageFolder's view on a copy without the loop (it would walk it until ELOOP).
     scan = scan_tree(messy_tree)
-    folder = ImageFolder(str(messy_tree), is_valid_file=lambda p: "loop" not in p and os.path.exists(p)
-                         and p.lower().endswith((".jpg", ".jpeg", ".png", ".webp")))
+    folder = ImageFolder(
+        str(messy_tree),
+        is_valid_file=lambda p: (
+            "loop" not in p and os.path.exists(p) and p.lower().endswith((".jpg", ".jpeg", ".png", ".webp"))
+        ),
+    )
     assert list(scan.classes) == folder.classes
     expected = [(os.path.relpath(p, messy_tree), label) for p, label in folder.samples]
-    assert list(zip(scan.paths, scan.labels.tolist())) == expected
+    assert list(zip(scan.paths, scan.labels.tolist(), strict=True)) == expected
     assert scan.sizes.tolist() == [os.path.getsize(messy_tree / p) for p, _ in expected]
 
 

@@ -11,7 +11,15 @@ from imgshards.converter.tarwriter import RECORD, TarWriter, _header
 def test_headers_are_exactly_tarfiles_ustar_headers():
     for name, size in [("000001.jpg", 0), ("000001.cls", 1), ("123456789.json", 511), ("a.png", 8**10)]:
         info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = size, 0o644, 0, 0, 0, "", ""
+        info.size, info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
+            size,
+            0o644,
+            0,
+            0,
+            0,
+            "",
+            "",
+        )
         assert _header(name.encode(), size) == info.tobuf(format=tarfile.USTAR_FORMAT)
 
 

@@ -1,0 +1,65 @@
+"""Kill `imgshards pack` with SIGKILL mid-run, run it again, and compare bytes with an uninterrupted run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PACK = [
+    sys.executable,
+    "-c",
+    "from imgshards.cli.main import main; main()",
+    "pack",
+    "--no-progress",
+    "--workers",
+    "2",
+    "--shard-size",
+    "40kB",
+    "--check",
+    "full",
+]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every output file, the pack's private state folder aside."""
+    return {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tree_factory, tmp_path_factory):
+    src = tree_factory(classes=6, per_class=80)
+    out = tmp_path_factory.mktemp("reference")
+    subprocess.run([*PACK, str(src), str(out)], check=True, capture_output=True)
+    return src, _files(out)
+
+
+def _kill_when(cmd: list[str], ready) -> None:
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, workers included, as the OOM killer would
+    proc.wait()
+
+
+@pytest.mark.parametrize("moment", ["first-partial", "first-shard", "half-done"])
+def test_rerun_after_sigkill_gives_identical_output(reference, tmp_path, moment):
+    src, expected = reference
+    out = tmp_path / "out"
+    shards = len([n for n in expected if n.endswith(".tar")])
+    ready = {
+        "first-partial": lambda: any(out.glob(".train-*.partial")),
+        "first-shard": lambda: any(out.glob("train-*.tar")),
+        "half-done": lambda: len(list(out.glob("train-*.tar"))) >= shards // 2,
+    }[moment]
+    _kill_when([*PACK, str(src), str(out)], ready)
+    assert not (out / "index.json").exists(), "killed too late to test anything"
+    done = subprocess.run([*PACK, str(src), str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert _files(out) == expected
+    if moment == "half-done":
+        assert "0 reused" not in done.stdout

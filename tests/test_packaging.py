@@ -1,0 +1,79 @@
+"""Guards for the layout traps: subpackages dropping out of the wheel, `converter` imported twice."""
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_holds_every_subpackage_under_imgshards(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("imgshards-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"imgshards"}
+    packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
+    on_disk = {f"imgshards/{d}" for d in ("converter", "loader", "cli")}
+    assert packages == on_disk
+    for folder in ("converter", "loader", "cli"):
+        modules = {p.name for p in (ROOT / folder).glob("*.py")}
+        assert modules <= {n.rsplit("/", 1)[1] for n in names if n.startswith(f"imgshards/{folder}/")}
+
+
+def test_top_level_names_are_not_importable_twice():
+    assert "converter" not in sys.modules and "loader" not in sys.modules and "cli" not in sys.modules
+    import imgshards.converter
+
+    assert Path(imgshards.converter.__file__).parent == ROOT / "converter"
+
+
+def test_converter_needs_no_torch_loader_or_click():
+    code = (
+        "import sys, imgshards.converter\n"
+        "bad = [m for m in ('torch', 'click', 'imgshards.loader', 'imgshards.cli') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+
+
+def _imports(folder: str) -> set[str]:
+    found = set()
+    for path in (ROOT / folder).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module)
+    return found
+
+
+def test_loader_imports_only_the_manifest_from_the_converter():
+    used = {m for m in _imports("loader") if m.startswith("imgshards.converter") or m == "click"}
+    assert used <= {"imgshards.converter.manifest", "imgshards.converter.errors"}, used
+
+
+def test_converter_never_imports_the_loader_or_the_cli():
+    assert not {
+        m
+        for m in _imports("converter")
+        if m.split(".")[0] in ("click", "torch", "torchvision")
+        or m.startswith(("imgshards.loader", "imgshards.cli"))
+    }
