@@ -1,0 +1,5 @@
+"""``python -m imgshards.cli`` runs the ``imgshards`` command."""
+
+from .main import main
+
+main()
