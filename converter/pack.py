@@ -301,6 +301,7 @@ def _write_all(
             src=str(scan.root),
             dst=str(dst),
             paths=scan.paths.take(idx),
+            sizes=scan.sizes[idx],
             labels=scan.labels[idx],
             keys=idx,
             classes=scan.classes,

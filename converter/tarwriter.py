@@ -31,6 +31,10 @@ def _template() -> bytearray:
 
 _TEMPLATE = bytes(_template())
 _PADDING = bytes(BLOCK)
+# Only the name, size and checksum vary between members: the checksum is the template's byte sum
+# (with the checksum field counted as eight spaces) plus that of the name and the size digits.
+_BASE_SUM = sum(_TEMPLATE) + 8 * ord(" ")
+_HEAD, _MIDDLE, _TAIL = _TEMPLATE[100:124], _TEMPLATE[136:148], _TEMPLATE[156:]
 
 
 def member_size(nbytes: int) -> int:
@@ -43,36 +47,64 @@ def _header(name: bytes, size: int) -> bytes:
         raise ValueError(f"tar member name longer than 100 bytes: {name!r}")
     if size >= 8**11:
         raise ValueError(f"tar member {name!r} of {size} bytes is over ustar's 8 GiB limit")
-    header = bytearray(_TEMPLATE)
-    header[: len(name)] = name
-    header[124:136] = b"%011o\x00" % size
-    # The checksum is the byte sum with the checksum field itself read as eight spaces.
-    header[148:156] = b"%06o\x00 " % (sum(header) + 8 * 32)
-    return bytes(header)
+    size_field = b"%011o" % size
+    checksum = _BASE_SUM + sum(name) + sum(size_field)
+    return b"".join(
+        (name, bytes(100 - len(name)), _HEAD, size_field, b"\0", _MIDDLE, b"%06o\0 " % checksum, _TAIL)
+    )
 
 
 class TarWriter:
-    """Append members to a binary stream, keeping the running size and SHA-256 of what was written."""
+    """Append members to a binary stream, keeping the running size and SHA-256 of what was written.
+
+    Members are gathered into ~1 MiB writes: one write and one hash update per small image would
+    cost more than the image (and hand the GIL back and forth with the reading threads).
+    """
+
+    _FLUSH_AT = 1 << 20
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
         self._sha = hashlib.sha256()
+        self._parts: list[bytes] = []
+        self._pending = 0
         self.size = 0
 
     def _write(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._pending += len(data)
+        self.size += len(data)
+        if self._pending >= self._FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write out the gathered members."""
+        data = b"".join(self._parts)
         self._stream.write(data)
         self._sha.update(data)
-        self.size += len(data)
+        self._parts.clear()
+        self._pending = 0
 
     def add(self, name: str, data: bytes) -> None:
         """Append a regular file member ``name`` holding ``data``."""
-        self._write(_header(name.encode("ascii"), len(data)))
-        self._write(data)
-        if len(data) % BLOCK:
-            self._write(_PADDING[: BLOCK - len(data) % BLOCK])
+        self.add_many([(name, data)])
+
+    def add_many(self, members: list[tuple[str, bytes]]) -> None:
+        """Append several members (the members of one sample)."""
+        parts, added = self._parts, 0
+        for name, data in members:
+            size = len(data)
+            pad = -size % BLOCK
+            parts += (_header(name.encode("ascii"), size), data, _PADDING[:pad])
+            added += BLOCK + size + pad
+        self.size += added
+        self._pending += added
+        if self._pending >= self._FLUSH_AT:
+            self.flush()
 
     def close(self) -> str:
         """Write the end-of-archive blocks and padding; return the archive's SHA-256 hex digest."""
         end = self.size + 2 * BLOCK
         self._write(bytes(2 * BLOCK + (-end) % RECORD))
+        self.flush()
         return self._sha.hexdigest()
