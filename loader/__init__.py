@@ -1,3 +1,38 @@
-"""Stream packed shards into PyTorch training: shuffled, decoded, augmented and batched in the workers."""
+"""Stream packed shards into PyTorch training: shuffled, decoded, augmented and batched in the workers.
 
-__all__: list[str] = []
+from imgshards.loader import ShardDataset, make_loader, to_device
+
+dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256)
+loader = make_loader(dataset, num_workers=8)
+for images, labels in loader:
+    images, labels = to_device((images, labels), "cuda")
+"""
+
+from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
+from .dataloader import ShardLoader, make_loader
+from .dataset import Mode, OnError, ShardDataset
+from .decode import decode
+from .errors import ConfigError, CorruptImageError, ResumeError
+from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "PRESETS",
+    "Batch",
+    "ConfigError",
+    "CorruptImageError",
+    "Mode",
+    "OnError",
+    "PresetName",
+    "RandomResizedCropFlip",
+    "ResizeCenterCrop",
+    "ResumeError",
+    "ScaleCropFlipColor",
+    "ShardDataset",
+    "ShardLoader",
+    "decode",
+    "make_loader",
+    "preset",
+    "to_device",
+]

@@ -1,0 +1,104 @@
+"""Batches: ``Batch(images, labels)`` made in the workers, and ``to_device`` for the training loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from .errors import ConfigError
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Batch", "collate", "to_device"]
+
+# Per-channel statistics of ImageNet RGB pixels in [0, 1], torchvision's reference values.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Batch(NamedTuple):
+    """A batch as the loader yields it, so ``for images, labels in loader`` works.
+
+    Attributes:
+        images: ``uint8 [B, 3, H, W]``, RGB, channels-last in memory (``NHWC``: the layout the
+            decoder and the resize produce, and the one convolutions on GPUs prefer).
+            :func:`to_device` gives normalized floats in either layout.
+        labels: ``int64 [B]``, class ids as in the index (``ImageFolder``'s).
+
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+def collate(images: Sequence[torch.Tensor], labels: Sequence[int], *, shared: bool) -> Batch:
+    """Stack ``uint8 [3, H, W]`` images into one channels-last batch (``shared``: in shared memory).
+
+    In a DataLoader worker the batch is allocated in shared memory straight away, as
+    ``default_collate`` does, so sending it to the main process copies nothing.
+
+    Raises:
+        ConfigError: the images differ in size (the transform must produce one fixed size).
+
+    """
+    if not images:
+        return Batch(torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty(0, dtype=torch.int64))
+    shape = images[0].shape
+    for img in images:
+        if img.shape != shape or img.dtype != torch.uint8:
+            raise ConfigError(
+                f"a batch needs uint8 images of one size, got {tuple(shape)} and {tuple(img.shape)} "
+                f"({img.dtype}); use a transform that crops to a fixed size (a preset does)"
+            )
+    channels, height, width = shape
+    n = len(images)
+    storage = torch.empty(n * height * width * channels, dtype=torch.uint8)
+    if shared:
+        storage.share_memory_()
+    out = storage.view(n, height, width, channels).permute(0, 3, 1, 2)
+    for i, img in enumerate(images):
+        out[i].copy_(img)
+    return Batch(out, torch.tensor(labels, dtype=torch.int64))
+
+
+def to_device(
+    batch: Batch,
+    device: torch.device | str,
+    *,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    channels_last: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> Batch:
+    """Copy a batch to ``device`` as ``uint8`` (non-blocking) and normalize it there.
+
+    Only ``uint8`` crosses the bus; the float conversion and ``(x / 255 - mean) / std`` run on the
+    device. The copy overlaps with compute when the batch is in pinned memory (``make_loader``'s
+    ``pin_memory=True`` on a CUDA machine). Works the same on ``"cpu"``.
+
+    Args:
+        batch: A batch from the loader.
+        device: Where to put it.
+        mean: Per-channel mean of pixels in ``[0, 1]``.
+        std: Per-channel standard deviation of pixels in ``[0, 1]``.
+        channels_last: Return images in channels-last memory format (for ``channels_last`` models,
+            AMP on tensor cores); otherwise contiguous ``NCHW``.
+        dtype: Floating dtype of the images.
+
+    Returns:
+        ``Batch(images dtype [B, 3, H, W], labels int64 [B])`` on ``device``.
+
+    """
+    if len(mean) != 3 or len(std) != 3:
+        raise ConfigError(f"mean and std need 3 values (R, G, B), got {list(mean)} and {list(std)}")
+    if not dtype.is_floating_point:
+        raise ConfigError(f"to_device normalizes to a floating dtype, got {dtype}")
+    device = torch.device(device)
+    images = batch.images.to(device, non_blocking=True)
+    labels = batch.labels.to(device, non_blocking=True)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = images.to(dtype=dtype, memory_format=fmt)
+    scale = torch.tensor([255 * s for s in std], dtype=dtype).view(1, 3, 1, 1).to(device, non_blocking=True)
+    shift = torch.tensor([255 * m for m in mean], dtype=dtype).view(1, 3, 1, 1).to(device, non_blocking=True)
+    x.sub_(shift).div_(scale)
+    return Batch(x, labels)

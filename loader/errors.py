@@ -1,0 +1,35 @@
+"""Errors raised by the loader, each carrying the bad value or the sample it is about.
+
+They subclass :class:`imgshards.converter.errors.ImgshardsError`, so ``except ImgshardsError`` catches
+every problem imgshards reports. A missing shard or a bad index is the converter's
+:class:`~imgshards.converter.errors.ManifestError`, raised when a :class:`ShardDataset` is built.
+"""
+
+from __future__ import annotations
+
+from imgshards.converter.errors import ImgshardsError, ManifestError
+
+__all__ = ["ConfigError", "CorruptImageError", "ManifestError", "ResumeError"]
+
+
+class ConfigError(ImgshardsError, ValueError):
+    """A loader argument is out of range or not one of the allowed values (the message lists them)."""
+
+
+class CorruptImageError(ImgshardsError):
+    """An image in a shard does not decode; raised with ``on_error="raise"``, else skipped and counted."""
+
+    def __init__(self, key: str, shard: str, reason: str) -> None:
+        super().__init__(
+            f"image {key!r} in shard {shard} does not decode ({reason}); "
+            'pass on_error="skip" to skip such images, or re-pack with the default checks'
+        )
+        self.key, self.shard, self.reason = key, shard, reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        # Rebuilt from its fields when it crosses from a DataLoader worker to the main process.
+        return (type(self), (self.key, self.shard, self.reason))
+
+
+class ResumeError(ImgshardsError):
+    """A loader state does not fit this loader (other world size, worker count, batch size, seed...)."""
