@@ -64,6 +64,9 @@ def make_loader(
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers,
         multiprocessing_context=multiprocessing_context if workers else None,
+        # DataLoader draws a base seed per pass; from its own generator it leaves the caller's
+        # torch RNG alone. (The dataset seeds augmentation itself, per batch.)
+        generator=torch.Generator().manual_seed(dataset.seed),
     )
     return ShardLoader(dataset, loader)
 

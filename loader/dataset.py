@@ -231,6 +231,9 @@ class ShardDataset(IterableDataset[Batch]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # Read the shared state now: a DataLoader creates this iterator when a pass starts.
         epoch, resume = int(self._control[_EPOCH]), int(self._control[_RESUME])
+        # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
+        # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
+        worker = partition.resumed_worker(worker, resume, num_workers)
         return self._batches(epoch, resume, worker, num_workers, in_worker=info is not None)
 
     def _batches(

@@ -35,13 +35,13 @@ def decode(data: bytes, ext: str, *, key: str = "?", shard: str = "?") -> torch.
         try:
             # bytearray: decode_jpeg wants a writable buffer; the copy costs ~1% of the decode.
             return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-        except RuntimeError:
-            pass  # a JPEG libjpeg-turbo refuses in torchvision (rare); Pillow decides below
+        except (RuntimeError, ValueError):
+            pass  # refused by torchvision (rare: truncated, empty, exotic); Pillow has the last word
     try:
         with Image.open(io.BytesIO(data)) as im:
             rgb = im.convert("RGB") if im.mode != "RGB" else im
             rgb.load()
             array = np.array(rgb)
     except _DECODE_ERRORS as e:
-        raise CorruptImageError(key, shard, f"{type(e).__name__}: {e}") from None
+        raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)

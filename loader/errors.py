@@ -17,18 +17,25 @@ class ConfigError(ImgshardsError, ValueError):
 
 
 class CorruptImageError(ImgshardsError):
-    """An image in a shard does not decode; raised with ``on_error="raise"``, else skipped and counted."""
+    """An image in a shard does not decode; raised with ``on_error="raise"``, else skipped and counted.
 
-    def __init__(self, key: str, shard: str, reason: str) -> None:
-        super().__init__(
+    Built from one message string (:meth:`for_sample` writes it), so a DataLoader can re-raise it
+    in the main process as this class.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, shard: str | None = None) -> None:
+        super().__init__(message)
+        self.key, self.shard = key, shard
+
+    @classmethod
+    def for_sample(cls, key: str, shard: str, reason: str) -> CorruptImageError:
+        """Return the error for sample ``key`` of ``shard``, ``reason`` being the decoder's complaint."""
+        return cls(
             f"image {key!r} in shard {shard} does not decode ({reason}); "
-            'pass on_error="skip" to skip such images, or re-pack with the default checks'
+            'pass on_error="skip" to skip such images, or re-pack with the default checks',
+            key=key,
+            shard=shard,
         )
-        self.key, self.shard, self.reason = key, shard, reason
-
-    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
-        # Rebuilt from its fields when it crosses from a DataLoader worker to the main process.
-        return (type(self), (self.key, self.shard, self.reason))
 
 
 class ResumeError(ImgshardsError):

@@ -13,9 +13,9 @@ One epoch of a split is laid out in four steps, each a function below:
    as evenly as possible (ranks differ by at most one batch) and every sample comes exactly once.
 4. **Workers.** A rank's batches are dealt to its workers as evenly as possible, the first workers
    taking one more. ``torch.utils.data.DataLoader`` returns batches round-robin over its workers, so the
-   rank's ``j``-th batch comes from worker ``j % num_workers`` (:func:`delivered_by_worker` relies on
-   it). At most one batch of a rank is smaller than ``batch_size``: its last one, made by worker
-   ``(batches - 1) % num_workers``.
+   rank's ``j``-th batch comes from worker ``j % num_workers`` (:func:`delivered_by_worker` and
+   :func:`resumed_worker` rely on it). At most one batch of a rank is smaller than ``batch_size``:
+   its last one, made by worker ``(batches - 1) % num_workers``.
 
 Each worker's samples are a contiguous range of the virtual sequence, hence a few :class:`Segment`
 runs of consecutive samples inside shards; with fewer shards than workers, workers share shards and
@@ -39,6 +39,7 @@ __all__ = [
     "kept_per_rank",
     "rank_batches",
     "rank_sample_range",
+    "resumed_worker",
     "segments",
     "shard_order",
     "worker_batches",
@@ -158,6 +159,17 @@ def delivered_by_worker(delivered: int, num_workers: int) -> list[int]:
     rank's ``j``-th batch is always worker ``j % num_workers``'s.
     """
     return worker_batches(delivered, num_workers)
+
+
+def resumed_worker(process: int, delivered: int, num_workers: int) -> int:
+    """Return the worker whose share DataLoader process ``process`` makes when resuming after ``delivered``.
+
+    A new DataLoader pass asks process 0 first, but the next batch of the interrupted pass is
+    worker ``delivered % num_workers``'s; rotating the roles by ``delivered`` makes the resumed pass
+    yield the rest of the original order (the cycle skips exhausted workers the same way, since the
+    workers with batches left still form a prefix of the rotated cycle in every round).
+    """
+    return (process + delivered) % num_workers
 
 
 def segments(

@@ -1,0 +1,158 @@
+"""Loader fixtures: small real datasets packed by the real ``pack``, and a way to name each image.
+
+Tiny-profile images are all 64x48 real JPEG crops, distinct from each other, so a batch made with
+an identity transform can be mapped back to sample keys by hashing the pixels: the tests check
+sample identity, order and coverage without any hook in the loader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import torch
+import webdataset as wds
+
+from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from imgshards.loader import Batch, decode
+
+# 5 classes x 23 = 115 samples: 115 mod 2 = 115 mod 3 = 1, so train mode drops one sample at world
+# size 2 and 3, and batch size 8 leaves partial batches and workers with unequal batch counts.
+CLASSES, PER_CLASS = 5, 23
+NUM_SAMPLES = CLASSES * PER_CLASS
+
+
+def pytest_configure(config):
+    # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_jpeg still is the
+    # libjpeg-turbo path the loader is specified to use (see loader/decode.py).
+    config.addinivalue_line(
+        "filterwarnings", "ignore:The image decoding and encoding capabilities:DeprecationWarning"
+    )
+
+
+def pixel_hash(image: torch.Tensor) -> str:
+    """Identify a decoded image by its pixels (any memory layout)."""
+    return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
+
+
+def read_samples(root: Path, split: str = "train") -> list[tuple[str, str, bytes, int]]:
+    """Every sample of a packed split as ``(key, ext, image bytes, label)``, read with ``tarfile``."""
+    out = []
+    for shard in read_manifest(root).split(split).shards:
+        members: dict[str, dict[str, bytes]] = {}
+        with tarfile.open(root / shard.name) as tar:
+            for m in tar:
+                key, ext = m.name.split(".", 1)
+                f = tar.extractfile(m)
+                assert f is not None
+                members.setdefault(key, {})[ext] = f.read()
+        for key, parts in members.items():
+            ext = next(e for e in parts if e not in ("cls", "json"))
+            out.append((key, ext, parts[ext], int(parts["cls"])))
+    return out
+
+
+class KeyLookup:
+    """Maps images of a batch (made with an identity transform) back to sample keys."""
+
+    def __init__(self, root: Path) -> None:
+        self.key_of: dict[str, str] = {}
+        self.label_of: dict[str, int] = {}
+        for key, ext, data, label in read_samples(root):
+            h = pixel_hash(decode(data, ext))
+            assert h not in self.key_of, "two samples decode to the same pixels"
+            self.key_of[h] = key
+            self.label_of[key] = label
+
+    @property
+    def keys(self) -> set[str]:
+        return set(self.label_of)
+
+    def batch_keys(self, batch: Batch) -> list[str]:
+        keys = [self.key_of[pixel_hash(img)] for img in batch.images]
+        assert [self.label_of[k] for k in keys] == batch.labels.tolist(), "labels do not match their images"
+        return keys
+
+    def run_keys(self, batches: Iterable[Batch]) -> list[list[str]]:
+        return [self.batch_keys(b) for b in batches]
+
+
+@pytest.fixture(scope="session")
+def loader_tree(tree_factory) -> Path:
+    """A tree of ``CLASSES`` x ``PER_CLASS`` tiny real JPEGs (do not modify it)."""
+    return tree_factory(classes=CLASSES, per_class=PER_CLASS, seed=3)
+
+
+@pytest.fixture(scope="session")
+def packed_many(loader_tree, packed_factory) -> Path:
+    """``loader_tree`` in ~20 shards of ~6 samples: more shards than global workers."""
+    root = packed_factory(loader_tree, shard_size=20_000)
+    assert len(read_manifest(root).split("train").shards) >= 12
+    return root
+
+
+@pytest.fixture(scope="session")
+def packed_few(loader_tree, packed_factory) -> Path:
+    """``loader_tree`` in 2 shards: fewer shards than global workers."""
+    root = packed_factory(loader_tree, shard_size=280_000)
+    assert 2 <= len(read_manifest(root).split("train").shards) <= 3
+    return root
+
+
+@pytest.fixture(scope="session")
+def lookup_factory():
+    """``lookup_factory(root)``: a :class:`KeyLookup` for a packed dataset."""
+    return KeyLookup
+
+
+@pytest.fixture(scope="session")
+def hash_image():
+    """The pixel hash :class:`KeyLookup` uses."""
+    return pixel_hash
+
+
+@pytest.fixture(scope="session")
+def lookup_many(packed_many) -> KeyLookup:
+    return KeyLookup(packed_many)
+
+
+@pytest.fixture(scope="session")
+def lookup_few(packed_few) -> KeyLookup:
+    return KeyLookup(packed_few)
+
+
+@pytest.fixture
+def packed_copy(packed_many, tmp_path) -> Path:
+    """A private copy of ``packed_many`` that a test may damage."""
+    dst = tmp_path / "packed"
+    shutil.copytree(packed_many, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def class_sorted(packed_many, tmp_path_factory) -> Path:
+    """The samples of ``packed_many`` re-written one class per shard, in class order.
+
+    ``pack`` shuffles globally, so it cannot make this worst case for mixing; the shards are written
+    here in the same format (webdataset's ``TarWriter``) with a matching index.
+    """
+    root = tmp_path_factory.mktemp("class_sorted")
+    manifest = read_manifest(packed_many)
+    samples = sorted(read_samples(packed_many), key=lambda s: (s[3], s[0]))
+    shards = []
+    for label in range(len(manifest.classes)):
+        name = f"train-{label:06d}.tar"
+        with wds.TarWriter(str(root / name)) as writer:
+            for key, ext, data, lab in samples:
+                if lab == label:
+                    writer.write({"__key__": key, ext: data, "cls": str(lab).encode(), "json": b"{}"})
+        data = (root / name).read_bytes()
+        count = sum(1 for s in samples if s[3] == label)
+        shards.append(ShardInfo(name, count, len(data), hashlib.sha256(data).hexdigest()))
+    split = SplitInfo(name="train", shards=tuple(shards), class_counts=tuple(s.samples for s in shards))
+    (root / INDEX_NAME).write_text(Manifest(classes=manifest.classes, splits={"train": split}).dumps())
+    return root

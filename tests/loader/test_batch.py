@@ -1,0 +1,71 @@
+"""Collation into channels-last uint8 batches, and to_device's normalization (on CPU here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, Batch, ConfigError, to_device
+from imgshards.loader.batch import collate
+
+
+def images(n: int, size: int = 8) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g) for _ in range(n)]
+
+
+def test_collate_stacks_into_channels_last_uint8():
+    imgs = images(4)
+    batch = collate(imgs, [3, 1, 0, 2], shared=False)
+    assert isinstance(batch, Batch)
+    assert batch.images.shape == (4, 3, 8, 8) and batch.images.dtype == torch.uint8
+    assert batch.images.is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(batch.images[i], imgs[i]) for i in range(4))
+    assert batch.labels.dtype == torch.int64 and batch.labels.tolist() == [3, 1, 0, 2]
+    images_, labels = batch  # unpacks like a tuple
+    assert images_ is batch.images and labels is batch.labels
+
+
+def test_collate_in_shared_memory_for_workers():
+    assert collate(images(2), [0, 1], shared=True).images.is_shared()
+
+
+def test_collate_refuses_images_of_different_sizes():
+    with pytest.raises(ConfigError, match="fixed size"):
+        collate([*images(1, 8), *images(1, 9)], [0, 0], shared=False)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_to_device_normalizes_on_the_device(channels_last):
+    batch = collate(images(3), [0, 1, 2], shared=False)
+    out = to_device(batch, "cpu", channels_last=channels_last)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    expected = (batch.images.float() / 255 - mean) / std
+    assert out.images.dtype == torch.float32
+    torch.testing.assert_close(out.images, expected)
+    assert out.images.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+    )
+    assert torch.equal(out.labels, batch.labels)
+    assert batch.images.dtype == torch.uint8, "the input batch is left alone"
+
+
+def test_to_device_custom_stats_and_dtype():
+    batch = collate(images(2), [0, 1], shared=False)
+    out = to_device(
+        batch, torch.device("cpu"), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), dtype=torch.float64
+    )
+    assert out.images.dtype == torch.float64
+    torch.testing.assert_close(out.images, batch.images.double() / 127.5 - 1)
+    with pytest.raises(ConfigError, match="3 values"):
+        to_device(batch, "cpu", mean=(0.5,), std=(0.5,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_to_device_cuda_matches_cpu():
+    batch = collate(images(3), [0, 1, 2], shared=False)
+    batch = Batch(batch.images.pin_memory(), batch.labels.pin_memory())
+    gpu = to_device(batch, "cuda", channels_last=True)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(gpu.images.cpu(), to_device(batch, "cpu").images)

@@ -1,0 +1,296 @@
+"""ShardDataset and make_loader on real packed shards with real DataLoader workers (one process group).
+
+Ranks are emulated here with explicit ``rank=`` / ``world_size=``; test_distributed.py runs the same
+checks under real ``torch.distributed``. Images are left untransformed (``torch.nn.Identity``) so
+every image maps back to its sample key by its pixels.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import Counter
+from itertools import islice
+
+import pytest
+import torch
+
+from imgshards.converter.errors import ManifestError
+from imgshards.converter.manifest import read_manifest
+from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
+
+IDENTITY = torch.nn.Identity()
+
+
+def dataset(root, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("transform", IDENTITY)
+    return ShardDataset(root, **kw)
+
+
+def run(root, lookup, *, num_workers=0, epoch=None, **kw):
+    ds = dataset(root, **kw)
+    loader = make_loader(ds, num_workers=num_workers)
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    batches = lookup.run_keys(loader)
+    assert len(batches) == len(loader) == len(ds)
+    return batches
+
+
+def flat(batches):
+    return [k for b in batches for k in b]
+
+
+# ---- partitioning ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("which", ["many", "few"])
+def test_train_ranks_yield_equal_batches_without_duplicates(which, num_workers, request):
+    root, lookup = request.getfixturevalue(f"packed_{which}"), request.getfixturevalue(f"lookup_{which}")
+    world = 3
+    ranks = [run(root, lookup, num_workers=num_workers, rank=r, world_size=world) for r in range(world)]
+    assert len({len(r) for r in ranks}) == 1
+    keys = [k for r in ranks for k in flat(r)]
+    assert len(keys) == len(set(keys)), "a sample came twice in one epoch"
+    assert len(lookup.keys) - len(keys) == len(lookup.keys) % world  # N mod world_size dropped
+    for r in ranks:  # only each rank's last batch may be short
+        assert all(len(b) == 8 for b in r[:-1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_eval_covers_every_sample_exactly_once(packed_few, lookup_few, num_workers):
+    ranks = [
+        run(packed_few, lookup_few, num_workers=num_workers, mode="eval", rank=r, world_size=3)
+        for r in range(3)
+    ]
+    assert Counter(k for r in ranks for k in flat(r)) == Counter(lookup_few.keys)
+    assert max(map(len, ranks)) - min(map(len, ranks)) <= 1
+    sizes = [len(b) for r in ranks for b in r]
+    assert sizes.count(8) >= len(sizes) - 1
+
+
+def test_eval_reads_in_index_order_by_default(packed_many, lookup_many):
+    keys = flat(run(packed_many, lookup_many, mode="eval"))
+    assert keys == list(lookup_many.label_of)  # the lookup read the shards in index order
+    assert keys == flat(run(packed_many, lookup_many, mode="eval", epoch=3))
+
+
+def test_drop_last_drops_the_partial_batch_and_says_how_many(packed_many, lookup_many):
+    ds = dataset(packed_many, drop_last=True, rank=0, world_size=2)
+    n = ds.num_samples
+    assert ds.dropped_per_epoch == n - 2 * ((n // 2) // 8 * 8)
+    batches = run(packed_many, lookup_many, drop_last=True, rank=0, world_size=2)
+    assert all(len(b) == 8 for b in batches)
+    assert len(batches) == (n // 2) // 8
+
+
+# ---- epochs and seeds --------------------------------------------------------------------------
+
+
+def test_epochs_differ_and_the_same_seed_repeats(packed_many, lookup_many):
+    e0 = run(packed_many, lookup_many, num_workers=2)
+    e1 = run(packed_many, lookup_many, num_workers=2, epoch=1)
+    assert flat(e0) != flat(e1)
+    assert sorted(flat(e0)) == sorted(flat(e1))  # one rank: nothing dropped
+    assert e0 == run(packed_many, lookup_many, num_workers=2)
+    assert e0 != run(packed_many, lookup_many, num_workers=2, seed=1)
+
+
+def test_persistent_workers_see_set_epoch_and_epochs_advance_by_themselves(packed_many, lookup_many):
+    loader = make_loader(dataset(packed_many), num_workers=2, persistent_workers=True)
+    first = lookup_many.run_keys(loader)  # epoch 0, then the loader moves on to epoch 1
+    second = lookup_many.run_keys(loader)
+    loader.set_epoch(0)
+    again = lookup_many.run_keys(loader)
+    assert first == again != second
+    assert second == run(packed_many, lookup_many, num_workers=2, epoch=1)
+    assert loader.epoch == 1
+
+
+def test_augmentation_is_seeded_per_batch(packed_many):
+    def images(num_workers):
+        ds = ShardDataset(packed_many, batch_size=8, transform="train", image_size=32)
+        return [b.images for b in make_loader(ds, num_workers=num_workers)]
+
+    a, b = images(2), images(2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    torch.manual_seed(0)
+    before = torch.rand(3)
+    torch.manual_seed(0)
+    images(0)
+    assert torch.equal(torch.rand(3), before), "num_workers=0 must leave the caller's RNG alone"
+
+
+# ---- shuffling quality ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_first_batches_of_class_sorted_shards_are_mixed(class_sorted, num_workers):
+    """One class per shard, in class order: the first batches must still hold most classes."""
+    ds = ShardDataset(class_sorted, batch_size=16, transform=IDENTITY)
+    classes = len(ds.classes)
+    for epoch in range(3):
+        loader = make_loader(ds, num_workers=num_workers)
+        loader.set_epoch(epoch)
+        first = list(islice(loader, 2))
+        # Each worker reads a contiguous part of the shard sequence (about half of the classes with
+        # 2 workers) and interleaves its shards, so its first batch already mixes them all.
+        groups = [b.labels.tolist() for b in first] if num_workers == 0 else [flat_labels(first)]
+        for labels in groups:
+            counts = Counter(labels)
+            assert len(counts) >= 4, counts
+            assert max(counts.values()) <= len(labels) // 2, counts
+    # Without shuffling the same input comes out in blocks of one class: the check above has teeth.
+    plain = ShardDataset(class_sorted, batch_size=16, transform=IDENTITY, shuffle=False)
+    assert len(set(next(iter(make_loader(plain, num_workers=0))).labels.tolist())) == 1
+    assert classes == 5
+
+
+def flat_labels(batches):
+    return [label for b in batches for label in b.labels.tolist()]
+
+
+# ---- resume ------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize(
+    "num_workers, rank, world_size, stops",
+    [(0, 0, 1, [1, 7]), (2, 0, 1, [1, 4, 5, 14]), (3, 1, 2, [2, 4, 7]), (2, 2, 3, [3])],
+)
+def test_resume_mid_epoch_continues_exactly(packed_many, lookup_many, num_workers, rank, world_size, stops):
+    kw = dict(rank=rank, world_size=world_size)
+    full = run(packed_many, lookup_many, num_workers=num_workers, epoch=2, **kw)
+    for stop in stops:
+        loader = make_loader(dataset(packed_many, **kw), num_workers=num_workers)
+        loader.set_epoch(2)
+        head = lookup_many.run_keys(islice(loader, stop))
+        state = json.loads(json.dumps(loader.state_dict()))  # survives a checkpoint round trip
+        assert state["epoch"] == 2 and state["batches"] == stop
+
+        resumed = make_loader(dataset(packed_many, **kw), num_workers=num_workers)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(2)  # what a training loop calling set_epoch every epoch does
+        tail = lookup_many.run_keys(resumed)
+        assert head + tail == full, f"resume after {stop} batches"
+        assert resumed.epoch == 3 and resumed.state_dict()["batches"] == 0
+
+
+def test_resume_gives_the_same_augmented_images(packed_many):
+    def loader():
+        return make_loader(ShardDataset(packed_many, batch_size=8, image_size=32), num_workers=2)
+
+    full = [b.images for b in loader()]
+    first = loader()
+    head = [b.images for b in islice(first, 5)]
+    second = loader()
+    second.load_state_dict(first.state_dict())
+    tail = [b.images for b in second]
+    assert all(torch.equal(x, y) for x, y in zip(head + tail, full, strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_dataloader_round_robin_matches_the_per_worker_model(packed_many, lookup_many):
+    """Workers with unequal batch counts: DataLoader's order is batch j from worker j % num_workers."""
+    ds = dataset(packed_many, batch_size=5)  # 115 samples: 23 batches over 3 workers = 8, 8, 7
+    per_worker = [lookup_many.run_keys(ds._batches(0, 0, w, 3, in_worker=False)) for w in range(3)]
+    assert [len(b) for b in per_worker] == [8, 8, 7]
+    expected = [per_worker[j % 3][j // 3] for j in range(23)]
+    assert lookup_many.run_keys(make_loader(ds, num_workers=3)) == expected
+
+
+def test_resume_refuses_another_layout(packed_many):
+    state = make_loader(dataset(packed_many), num_workers=2).state_dict()
+    with pytest.raises(ResumeError, match=r"num_workers: saved 2, now 0"):
+        make_loader(dataset(packed_many), num_workers=0).load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"batch_size: saved 8, now 4"):
+        make_loader(dataset(packed_many, batch_size=4), num_workers=2).load_state_dict(state)
+    with pytest.raises(ResumeError, match="not a ShardLoader state"):
+        make_loader(dataset(packed_many), num_workers=2).load_state_dict({"epoch": 1})
+
+
+# ---- bad data ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def packed_corrupt(tree_factory, packed_factory):
+    """Tiny tree with one JPEG cut in half, packed without checks so it lands in a shard."""
+    src = tree_factory(classes=2, per_class=10, seed=5)
+    victim = sorted(src.rglob("*.JPEG"))[3]
+    victim.write_bytes(victim.read_bytes()[:300])
+    return packed_factory(src, shard_size=20_000, check="none")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_corrupt_image_is_skipped_counted_and_warned(packed_corrupt, num_workers):
+    ds = ShardDataset(packed_corrupt, batch_size=4, mode="eval", transform=IDENTITY)
+    loader = make_loader(ds, num_workers=num_workers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(loader)
+    assert len(batches) == len(loader) == 5
+    assert sum(len(b.labels) for b in batches) == 19
+    assert ds.corrupt_skipped == 1
+    assert any("skipped 1 image(s) that do not decode" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_corrupt_image_raises_when_asked(packed_corrupt, num_workers):
+    ds = ShardDataset(packed_corrupt, batch_size=4, mode="eval", transform=IDENTITY, on_error="raise")
+    with pytest.raises(CorruptImageError, match="does not decode"):
+        list(make_loader(ds, num_workers=num_workers))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_truncated_shard_warns_and_the_epoch_goes_on(packed_copy, lookup_many, num_workers):
+    shard = read_manifest(packed_copy).split("train").shards[2]
+    path = packed_copy / shard.name
+    path.write_bytes(path.read_bytes()[: shard.bytes // 2])
+    with pytest.warns(RuntimeWarning, match=f"shard .*{shard.name} is .* bytes, the index says"):
+        ds = dataset(packed_copy, mode="eval")
+    loader = make_loader(ds, num_workers=num_workers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        keys = flat(lookup_many.run_keys(loader))
+    assert len(keys) == ds.num_samples, "the batch count and sizes hold: lost samples are made up"
+    assert len(set(keys)) < ds.num_samples
+    assert ds.truncated_shards == 1
+    if num_workers == 0:  # a worker's warnings print in the worker
+        assert any(f"shard {shard.name} ended after sample" in str(w.message) for w in caught)
+
+
+def test_missing_shard_fails_at_construction_naming_it(packed_copy):
+    name = read_manifest(packed_copy).split("train").shards[4].name
+    (packed_copy / name).unlink()
+    with pytest.raises(ManifestError, match=f"shard {name} of split 'train' is missing"):
+        dataset(packed_copy)
+
+
+def test_bad_index_or_split_fails_at_construction(packed_copy, tmp_path):
+    with pytest.raises(ManifestError, match=r"no split 'val'.*'train'"):
+        dataset(packed_copy, split="val")
+    (packed_copy / "index.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        dataset(packed_copy)
+    with pytest.raises(ManifestError, match=r"no index\.json"):
+        dataset(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"mode": "training"}, r"unknown mode 'training'; expected one of \['train', 'eval'\]"),
+        ({"on_error": "ignore"}, r"unknown on_error 'ignore'; expected one of \['skip', 'raise'\]"),
+        ({"transform": "resnet50"}, r"unknown transform preset 'resnet50'; expected one of"),
+        ({"transform": 3}, "transform must be one of"),
+        ({"batch_size": 0}, "batch_size must be at least 1"),
+        ({"mode": "eval", "drop_last": True}, "drop_last applies to mode='train' only"),
+        ({"rank": 2, "world_size": 2}, "need 0 <= rank < world_size"),
+        ({"seed": -1}, "seed must be a non-negative"),
+    ],
+)
+def test_bad_arguments_fail_at_construction_naming_the_choices(packed_many, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        dataset(packed_many, **kw)
