@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -34,6 +35,8 @@ from .verify import hash_file
 from .write import ShardRecord, ShardTask, write_atomic, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackResult", "pack"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
 STATE_DIR = ".imgshards"
@@ -148,13 +151,16 @@ def pack(
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
         try:
-            scan = _scan(src_path, config.progress)
+            scan = _scan(src_path, pool, config.progress)
+            log.info("scanned %d files in %.1f s", len(scan), time.perf_counter() - started)
             _check_classes(dst_path, config.split, scan)
             plan = make_plan(scan, seed=config.seed, shard_size=config.shard_size)
+            log.info("planned %d shards", plan.num_shards)
             _prepare(dst_path, state, config, src_path, plan)
             written, reused, records = _write_all(pool, workers, scan, plan, dst_path, state, config, counter)
         finally:
             pool.shutdown(cancel_futures=True)
+        log.info("wrote %d shards, reused %d, at %.1f s", written, reused, time.perf_counter() - started)
         manifest, by_reason = _finish(dst_path, state, config, src_path, scan, records)
     return PackResult(
         dst_path, config.split, manifest, written, reused, by_reason, time.perf_counter() - started
@@ -178,7 +184,7 @@ def _locked(path: Path, busy: str) -> Iterator[None]:
         yield
 
 
-def _scan(src: Path, progress: bool) -> ScanResult:
+def _scan(src: Path, pool: ProcessPoolExecutor, progress: bool) -> ScanResult:
     with tqdm(desc="scan", unit=" class", disable=not progress, leave=False) as bar:
         files = 0
 
@@ -188,7 +194,7 @@ def _scan(src: Path, progress: bool) -> ScanResult:
             bar.update()
             bar.set_postfix(files=files, refresh=False)
 
-        return scan_tree(src, on_class=advance)
+        return scan_tree(src, executor=pool, on_class=advance)
 
 
 def _check_classes(dst: Path, split: str, scan: ScanResult) -> None:

@@ -16,10 +16,12 @@ the path plus 8 bytes a file, not a list of Python tuples.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
@@ -117,7 +119,11 @@ class ScanResult:
 
 @dataclass
 class _ClassListing:
-    files: list[tuple[str, int]]
+    """One class directory's images as compact arrays (cheap to send back from a worker process)."""
+
+    blob: bytes
+    lengths: np.ndarray
+    sizes: np.ndarray
     rejects: list[Reject]
 
 
@@ -168,8 +174,14 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
         found.append((rel, files))
     # ImageFolder sorts os.walk's (root, dirs, files) tuples, i.e. directories by path, then names.
     found.sort(key=lambda item: item[0])
-    ordered = [(f"{rel}/{name}", size) for rel, files in found for name, size in sorted(files)]
-    return _ClassListing(ordered, rejects)
+    encoded = [os.fsencode(f"{rel}/{name}") for rel, files in found for name, _ in sorted(files)]
+    sizes = [size for _, files in found for _, size in sorted(files)]
+    return _ClassListing(
+        blob=b"".join(encoded),
+        lengths=np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
+        sizes=np.asarray(sizes, dtype=np.int64),
+        rejects=rejects,
+    )
 
 
 def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
@@ -200,15 +212,15 @@ def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
 def scan_tree(
     root: str | os.PathLike[str],
     *,
-    threads: int = 16,
+    executor: Executor | None = None,
     on_class: Callable[[str, int], None] | None = None,
 ) -> ScanResult:
     """Scan an ImageFolder tree.
 
     Args:
         root: The tree's root directory.
-        threads: Class directories listed at once; listing waits on the disk, so more threads than
-            cores pays off on cold caches and network file systems.
+        executor: Lists class directories in parallel; a process pool scales past the GIL (``pack``
+            passes its workers). ``None``: two threads, which overlap the waits on the disk.
         on_class: Called with each class name and its file count as the scan moves on (progress).
 
     Raises:
@@ -217,23 +229,26 @@ def scan_tree(
     """
     root = Path(root)
     classes, rejects = find_classes(root)
-    chunks: list[bytes] = []
+    blobs: list[bytes] = []
     lengths: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     sizes: list[np.ndarray] = []
     empty: list[str] = []
-    for label, listing in enumerate(_listings(str(root), classes, threads)):
-        rejects.extend(listing.rejects)
-        if not listing.files:
-            empty.append(classes[label])
-            continue
-        encoded = [os.fsencode(path) for path, _ in listing.files]
-        chunks.append(b"".join(encoded))
-        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        sizes.append(np.fromiter((s for _, s in listing.files), dtype=np.int64, count=len(encoded)))
-        labels.append(np.full(len(encoded), label, dtype=np.int32))
-        if on_class is not None:
-            on_class(classes[label], len(encoded))
+    with contextlib.ExitStack() as stack:
+        if executor is None:
+            executor = stack.enter_context(ThreadPoolExecutor(max_workers=2))
+        listings = executor.map(_walk_class, itertools.repeat(str(root)), classes, chunksize=8)
+        for label, listing in enumerate(listings):
+            rejects.extend(listing.rejects)
+            if not len(listing.lengths):
+                empty.append(classes[label])
+                continue
+            blobs.append(listing.blob)
+            lengths.append(listing.lengths)
+            sizes.append(listing.sizes)
+            labels.append(np.full(len(listing.lengths), label, dtype=np.int32))
+            if on_class is not None:
+                on_class(classes[label], len(listing.lengths))
     if empty:
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise SourceError(
@@ -247,18 +262,8 @@ def scan_tree(
     return ScanResult(
         root=root,
         classes=tuple(classes),
-        paths=PathTable(b"".join(chunks), offsets),
+        paths=PathTable(b"".join(blobs), offsets),
         labels=np.concatenate(labels),
         sizes=np.concatenate(sizes),
         rejects=rejects,
     )
-
-
-def _listings(root: str, classes: list[str], threads: int) -> Iterator[_ClassListing]:
-    """Yield each class's listing in class order, listing up to ``threads`` classes at once."""
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        # map() keeps order; submitting lazily in windows bounds the listings held in memory.
-        window = max(1, threads) * 2
-        for start in range(0, len(classes), window):
-            batch = classes[start : start + window]
-            yield from pool.map(lambda name: _walk_class(root, name), batch)

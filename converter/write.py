@@ -9,13 +9,12 @@ shard as done for a resumed run (the parent writes it, see :mod:`.pack`).
 from __future__ import annotations
 
 import io
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 import os
 import warnings
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,13 @@ from .tarwriter import TarWriter
 
 __all__ = ["ShardRecord", "ShardTask", "write_atomic", "write_shard"]
 
-# Files are read ahead of the writer by a few threads, in groups (a future per file costs more than
-# reading a small one): reading waits on the disk, the rest on the CPU.
+# Files are read ahead of the writer by a few threads, a window at a time. Within a window the reads
+# go in path order, so that files of one directory, which sit close together on disk, are read
+# together: the global shuffle would otherwise turn a cold read of the tree into random I/O.
 _READ_THREADS = 8
-_READ_GROUP = 8
-_GROUPS_AHEAD = 2 * _READ_THREADS
+_READ_GROUP = 16
+_WINDOW_FILES = 4096
+_WINDOW_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -127,16 +128,43 @@ def _read_group(paths: list[str], sizes: list[int]) -> list[bytes | OSError]:
     return [_read(p, s) for p, s in zip(paths, sizes, strict=True)]
 
 
+def _windows(sizes: list[int]) -> Iterator[range]:
+    """Consecutive ranges of at most ``_WINDOW_FILES`` files and about ``_WINDOW_BYTES`` bytes."""
+    start = total = 0
+    for i, size in enumerate(sizes):
+        if i > start and (i - start >= _WINDOW_FILES or total + size > _WINDOW_BYTES):
+            yield range(start, i)
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        yield range(start, len(sizes))
+
+
+class _Window:
+    """The reads of one window, started in path order, handed out in the window's own order."""
+
+    def __init__(self, window: range, paths: list[str], sizes: list[int], pool: ThreadPoolExecutor) -> None:
+        self.window = window
+        self.ordered = sorted(window, key=paths.__getitem__)
+        groups = (self.ordered[k : k + _READ_GROUP] for k in range(0, len(self.ordered), _READ_GROUP))
+        self.futures = [
+            pool.submit(_read_group, [paths[i] for i in g], [sizes[i] for i in g]) for g in groups
+        ]
+
+    def __iter__(self) -> Iterator[bytes | OSError]:
+        results = (data for future in self.futures for data in future.result())
+        by_index = dict(zip(self.ordered, results, strict=True))
+        return (by_index[i] for i in self.window)
+
+
 def _read_ahead(paths: list[str], sizes: list[int], pool: ThreadPoolExecutor) -> Iterator[bytes | OSError]:
-    """Yield each file's bytes in order, reading up to ``_GROUPS_AHEAD`` groups of files ahead."""
-    pending: deque[Future[list[bytes | OSError]]] = deque()
-    for start in range(0, len(paths), _READ_GROUP):
-        end = start + _READ_GROUP
-        pending.append(pool.submit(_read_group, paths[start:end], sizes[start:end]))
-        if len(pending) >= _GROUPS_AHEAD:
-            yield from pending.popleft().result()
-    while pending:
-        yield from pending.popleft().result()
+    """Yield each file's bytes in the given order, reading the next window while this one is used."""
+    windows = (_Window(w, paths, sizes, pool) for w in _windows(sizes))
+    current = next(windows, None)
+    while current is not None:
+        following = next(windows, None)  # its reads start now, before this window is consumed
+        yield from current
+        current = following
 
 
 def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection]:
@@ -193,7 +221,11 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
                 meta = f'{{"class":{class_json[label]}{size},"path":{encode_basestring_ascii(rel)}'
                 meta += f',"width":{verdict.width}}}' if verdict.width else "}"
                 tar.add_many(
-                    [(f"{key}.{verdict.ext}", image), (f"{key}.cls", b"%d" % label), (f"{key}.json", meta.encode())]
+                    [
+                        (f"{key}.{verdict.ext}", image),
+                        (f"{key}.cls", b"%d" % label),
+                        (f"{key}.json", meta.encode()),
+                    ]
                 )
                 class_counts[label] = class_counts.get(label, 0) + 1
                 samples += 1

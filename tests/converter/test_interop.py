@@ -18,7 +18,9 @@ def test_timm_wds_reader_reads_the_split_from_info_json(tiny_packed):
 def test_hugging_face_datasets_webdataset_builder(tiny_packed, tmp_path):
     datasets = pytest.importorskip("datasets")
     files = [str(tiny_packed / s.name) for s in read_manifest(tiny_packed).split("train").shards]
-    ds = datasets.load_dataset("webdataset", data_files={"train": files}, split="train", cache_dir=str(tmp_path))
+    ds = datasets.load_dataset(
+        "webdataset", data_files={"train": files}, split="train", cache_dir=str(tmp_path)
+    )
     assert ds.num_rows == 40
     row = ds[0]
     assert row["jpg"].size[0] > 0
