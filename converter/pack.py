@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from .check import Check
 from .errors import DestinationError, ManifestError, SourceError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, make_plan
-from .pool import default_workers, start_pool, worker_state
+from .pool import default_workers, shared_counter, start_pool, worker_state
 from .scan import Reject, ScanResult, scan_tree
 from .verify import hash_file
 from .write import ShardRecord, ShardTask, write_atomic, write_shard
@@ -112,8 +112,7 @@ class PackResult:
     manifest: Manifest
     shards_written: int
     shards_reused: int
-    rejects_by_reason: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
+    seconds: float
 
     @property
     def info(self) -> SplitInfo:
@@ -144,7 +143,7 @@ def pack(
         state.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
-    counter = _shared_counter()
+    counter = shared_counter()
     with _locked(
         state / "lock", f"another `imgshards pack` is writing split {config.split!r} into {dst_path}"
     ):
@@ -161,16 +160,8 @@ def pack(
         finally:
             pool.shutdown(cancel_futures=True)
         log.info("wrote %d shards, reused %d, at %.1f s", written, reused, time.perf_counter() - started)
-        manifest, by_reason = _finish(dst_path, state, config, src_path, scan, records)
-    return PackResult(
-        dst_path, config.split, manifest, written, reused, by_reason, time.perf_counter() - started
-    )
-
-
-def _shared_counter() -> Any:
-    import multiprocessing as mp
-
-    return mp.get_context("fork" if hasattr(os, "fork") else "spawn").Value("q", 0)
+        manifest = _finish(dst_path, config, src_path, scan, records)
+    return PackResult(dst_path, config.split, manifest, written, reused, time.perf_counter() - started)
 
 
 @contextlib.contextmanager
@@ -308,6 +299,7 @@ def _write_all(
             dst=str(dst),
             paths=scan.paths.take(idx),
             sizes=scan.sizes[idx],
+            inodes=scan.inodes[idx],
             labels=scan.labels[idx],
             keys=idx,
             classes=scan.classes,
@@ -355,8 +347,8 @@ def _write_in_worker(task: ShardTask) -> ShardRecord:
 
 
 def _finish(
-    dst: Path, state: Path, config: PackConfig, src: Path, scan: ScanResult, records: list[ShardRecord]
-) -> tuple[Manifest, dict[str, int]]:
+    dst: Path, config: PackConfig, src: Path, scan: ScanResult, records: list[ShardRecord]
+) -> Manifest:
     """Write the rejects file and fold the split into the index (written last)."""
     rejects: list[Reject] = sorted(
         [*scan.rejects, *(r for rec in records for r in rec.rejects)], key=lambda r: r.path
@@ -384,7 +376,7 @@ def _finish(
         splits[config.split] = split
         manifest = Manifest(scan.classes, splits)
         _write_index(dst, manifest)
-    return manifest, by_reason
+    return manifest
 
 
 def _write_index(dst: Path, manifest: Manifest) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["default_workers", "start_pool", "worker_state"]
+__all__ = ["default_workers", "shared_counter", "start_pool", "worker_state"]
 
 _state: dict[str, Any] = {}
 
@@ -41,6 +41,15 @@ def _init(state: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
+def _context() -> Any:
+    return mp.get_context("fork" if sys.platform == "linux" else "spawn")
+
+
+def shared_counter() -> Any:
+    """An integer counter the workers can add to (hand it to them through ``start_pool``'s state)."""
+    return _context().Value("q", 0)
+
+
 def start_pool(workers: int, state: dict[str, Any] | None = None) -> ProcessPoolExecutor:
     """Start ``workers`` processes now, before the caller grows large, and return the pool.
 
@@ -48,10 +57,9 @@ def start_pool(workers: int, state: dict[str, Any] | None = None) -> ProcessPool
     inherit (and count in their RSS) the scan of a million paths made afterwards. Elsewhere they
     are spawned.
     """
-    method = "fork" if sys.platform == "linux" else "spawn"
     pool = ProcessPoolExecutor(
         max_workers=workers,
-        mp_context=mp.get_context(method),
+        mp_context=_context(),
         initializer=_init,
         initargs=(state or {},),
     )

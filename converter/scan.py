@@ -101,13 +101,18 @@ class ScanResult:
     paths: PathTable
     labels: np.ndarray
     sizes: np.ndarray
+    inodes: np.ndarray
     rejects: list[Reject] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def fingerprint(self) -> str:
-        """Digest of what was found: a resumed run must see the same tree as the run it continues."""
+        """Digest of what was found: a resumed run must see the same tree as the run it continues.
+
+        Inode numbers are left out: they say where files are on disk (``pack`` reads in inode order
+        for locality), not what they hold.
+        """
         h = hashlib.sha256()
         for name in self.classes:
             h.update(os.fsencode(name) + b"\0")
@@ -124,6 +129,7 @@ class _ClassListing:
     blob: bytes
     lengths: np.ndarray
     sizes: np.ndarray
+    inodes: np.ndarray
     rejects: list[Reject]
 
 
@@ -134,7 +140,7 @@ def _dir_key(path: str) -> tuple[int, int]:
 
 def _walk_class(root: str, class_name: str) -> _ClassListing:
     """List one class directory recursively in ImageFolder's order, detecting symlink loops."""
-    found: list[tuple[str, list[tuple[str, int]]]] = []
+    found: list[tuple[str, list[tuple[str, int, int]]]] = []
     rejects: list[Reject] = []
     # Each stack entry: a directory's path relative to root, and the (device, inode) of it and of
     # every directory above it up to the root; a symlink that resolves to one of those would loop.
@@ -142,7 +148,7 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
     stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(class_name, top)]
     while stack:
         rel, ancestors = stack.pop()
-        files: list[tuple[str, int]] = []
+        files: list[tuple[str, int, int]] = []
         try:
             entries = list(os.scandir(os.path.join(root, rel)))
         except OSError as e:
@@ -161,7 +167,8 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
                         stack.append((entry_rel, ancestors | {key}))
                 elif entry.is_file():
                     if entry.name.lower().endswith(IMG_EXTENSIONS):
-                        files.append((entry.name, entry.stat().st_size))
+                        st = entry.stat()
+                        files.append((entry.name, st.st_size, st.st_ino))
                     else:
                         rejects.append(Reject(entry_rel, Reason.UNSUPPORTED_EXTENSION))
                 elif entry.is_symlink():
@@ -174,12 +181,13 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
         found.append((rel, files))
     # ImageFolder sorts os.walk's (root, dirs, files) tuples, i.e. directories by path, then names.
     found.sort(key=lambda item: item[0])
-    encoded = [os.fsencode(f"{rel}/{name}") for rel, files in found for name, _ in sorted(files)]
-    sizes = [size for _, files in found for _, size in sorted(files)]
+    ordered = [(f"{rel}/{name}", size, ino) for rel, files in found for name, size, ino in sorted(files)]
+    encoded = [os.fsencode(path) for path, _, _ in ordered]
     return _ClassListing(
         blob=b"".join(encoded),
         lengths=np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
-        sizes=np.asarray(sizes, dtype=np.int64),
+        sizes=np.fromiter((size for _, size, _ in ordered), dtype=np.int64, count=len(ordered)),
+        inodes=np.fromiter((ino for _, _, ino in ordered), dtype=np.uint64, count=len(ordered)),
         rejects=rejects,
     )
 
@@ -233,6 +241,7 @@ def scan_tree(
     lengths: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     sizes: list[np.ndarray] = []
+    inodes: list[np.ndarray] = []
     empty: list[str] = []
     with contextlib.ExitStack() as stack:
         if executor is None:
@@ -246,6 +255,7 @@ def scan_tree(
             blobs.append(listing.blob)
             lengths.append(listing.lengths)
             sizes.append(listing.sizes)
+            inodes.append(listing.inodes)
             labels.append(np.full(len(listing.lengths), label, dtype=np.int32))
             if on_class is not None:
                 on_class(classes[label], len(listing.lengths))
@@ -265,5 +275,6 @@ def scan_tree(
         paths=PathTable(b"".join(blobs), offsets),
         labels=np.concatenate(labels),
         sizes=np.concatenate(sizes),
+        inodes=np.concatenate(inodes),
         rejects=rejects,
     )
