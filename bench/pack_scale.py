@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -124,35 +125,60 @@ def main() -> None:
     p.add_argument("src", type=Path, help="ImageFolder tree to pack")
     p.add_argument("--work", type=Path, default=Path("/tmp/pack-bench"), help="scratch directory for outputs")
     p.add_argument("--workers", type=int, default=os.cpu_count())
+    p.add_argument("--repeat", type=int, default=1, help="run pack and tar this many times, interleaved")
     p.add_argument("--skip", nargs="*", default=[], choices=["tar", "shardwriter", "imagefolder"])
     a = p.parse_args()
     files = sum(len(f) for _, _, f in os.walk(a.src))
     runs = {
         "imgshards pack --check header": [
-            sys.executable, "-m", "imgshards.cli", "pack", str(a.src), str(a.work / "imgshards"),
-            "--no-progress", "--workers", str(a.workers), "--overwrite",
+            sys.executable,
+            "-m",
+            "imgshards.cli",
+            "pack",
+            str(a.src),
+            str(a.work / "imgshards"),
+            "--no-progress",
+            "--workers",
+            str(a.workers),
+            "--overwrite",
         ],
         "tar cf": ["tar", "cf", str(a.work / "all.tar"), "-C", str(a.src), "."],
         "webdataset.ShardWriter (1 process)": [
-            sys.executable, "-c", SHARDWRITER_BASELINE, str(a.src), str(a.work / "shardwriter"),
+            sys.executable,
+            "-c",
+            SHARDWRITER_BASELINE,
+            str(a.src),
+            str(a.work / "shardwriter"),
         ],
         "ImageFolder(SRC) construction": [sys.executable, "-c", IMAGEFOLDER, str(a.src)],
     }
-    skip = {"tar": "tar cf", "shardwriter": "webdataset.ShardWriter (1 process)",
-            "imagefolder": "ImageFolder(SRC) construction"}
-    print(f"tree: {a.src}, {files:,} files; {os.cpu_count()} cores; workers {a.workers}")
-    results = {}
-    for name, cmd in runs.items():
-        if name in {skip[s] for s in a.skip}:
-            continue
-        shutil.rmtree(a.work, ignore_errors=True)
-        for sub in ("imgshards", "shardwriter"):
-            (a.work / sub).mkdir(parents=True)
-        how = drop_caches(a.src)
-        wall, main_mb, other_mb, procs = measure(cmd)
-        results[name] = wall
-        print(f"  {name:<36} {wall:8.1f} s   {files / wall:>9,.0f} files/s   peak RSS main {main_mb:>5} MB, "
-              f"other {other_mb:>5} MB ({procs} processes)   cache: {how}", flush=True)
+    skip = {
+        "tar": "tar cf",
+        "shardwriter": "webdataset.ShardWriter (1 process)",
+        "imagefolder": "ImageFolder(SRC) construction",
+    }
+    print(
+        f"tree: {a.src}, {files:,} files; {os.cpu_count()} cores; workers {a.workers}; "
+        f"each command {a.repeat}x, interleaved, median shown"
+    )
+    chosen = {name: cmd for name, cmd in runs.items() if name not in {skip[s] for s in a.skip}}
+    walls: dict[str, list[float]] = {name: [] for name in chosen}
+    for round_ in range(a.repeat):
+        for name, cmd in chosen.items():
+            if name == "webdataset.ShardWriter (1 process)" and round_:
+                continue  # minutes long and far off; once is enough
+            shutil.rmtree(a.work, ignore_errors=True)
+            for sub in ("imgshards", "shardwriter"):
+                (a.work / sub).mkdir(parents=True)
+            how = drop_caches(a.src)
+            wall, main_mb, other_mb, procs = measure(cmd)
+            walls[name].append(wall)
+            print(
+                f"  {name:<36} {wall:8.1f} s   {files / wall:>9,.0f} files/s   peak RSS main {main_mb:>5} MB, "
+                f"other {other_mb:>5} MB ({procs} processes)   cache: {how}",
+                flush=True,
+            )
+    results = {name: statistics.median(w) for name, w in walls.items()}
     pack = results.get("imgshards pack --check header")
     if pack:
         print("ratios (wall time):")
@@ -162,7 +188,9 @@ def main() -> None:
             speedup = results["webdataset.ShardWriter (1 process)"] / pack
             print(f"  ShardWriter / pack                 {speedup:.2f}x  (target >= 4x)")
         if "ImageFolder(SRC) construction" in results:
-            print(f"  pack / ImageFolder(SRC)            {pack / results['ImageFolder(SRC) construction']:.2f}x")
+            print(
+                f"  pack / ImageFolder(SRC)            {pack / results['ImageFolder(SRC) construction']:.2f}x"
+            )
     shutil.rmtree(a.work, ignore_errors=True)
 
 
