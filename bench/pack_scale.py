@@ -174,7 +174,7 @@ def main() -> None:
             wall, main_mb, other_mb, procs = measure(cmd)
             walls[name].append(wall)
             print(
-                f"  {name:<36} {wall:8.1f} s   {files / wall:>9,.0f} files/s   peak RSS main {main_mb:>5} MB, "
+                f"  {name:<36} {wall:8.1f} s   {files / wall:>9,.0f} files/s  peak RSS main {main_mb:>5} MB, "
                 f"other {other_mb:>5} MB ({procs} processes)   cache: {how}",
                 flush=True,
             )
