@@ -150,7 +150,9 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
         rel, ancestors = stack.pop()
         files: list[tuple[str, int, int]] = []
         try:
-            entries = list(os.scandir(os.path.join(root, rel)))
+            # In inode order: directory order is hash order on ext4 and others, and stat-ing a cold
+            # directory's files in that order reads its inode table at random.
+            entries = sorted(os.scandir(os.path.join(root, rel)), key=os.DirEntry.inode)
         except OSError as e:
             rejects.append(Reject(rel, Reason.UNREADABLE, f"cannot list directory: {e.strerror}"))
             continue
