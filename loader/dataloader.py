@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader
 
-from .batch import Batch
+from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .errors import ConfigError, ResumeError
 
@@ -89,6 +90,8 @@ class ShardLoader:
         self._epoch = dataset.epoch
         self._start = 0  # batches to skip at the next pass (set by load_state_dict)
         self._delivered = 0
+        # Worker batch buffers handed out, to give back once nothing here refers to them.
+        self._lent: list[tuple[StorageWeakRef, int]] = []
 
     @property
     def num_workers(self) -> int:
@@ -117,7 +120,13 @@ class ShardLoader:
         self._start = 0
         self._delivered = start
         corrupt_before = self.dataset.corrupt_skipped
+        if not self.dataloader.persistent_workers:
+            self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
         for batch in self.dataloader:
+            self._give_back()
+            token = pool_token(batch.images)
+            if token is not None:
+                self._lent.append((StorageWeakRef(batch.images.untyped_storage()), token))
             self._delivered += 1
             yield batch
         skipped = self.dataset.corrupt_skipped - corrupt_before
@@ -131,6 +140,16 @@ class ShardLoader:
         self._epoch = epoch + 1
         self._delivered = 0
         self.dataset.set_epoch(self._epoch)
+
+    def _give_back(self) -> None:
+        """Return to the workers the batch buffers no tensor of this process refers to any more."""
+        still = []
+        for ref, token in self._lent:
+            if ref.expired():
+                self.dataset._release(token)
+            else:
+                still.append((ref, token))
+        self._lent = still
 
     def _fingerprint(self) -> dict[str, Any]:
         ds = self.dataset

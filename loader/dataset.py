@@ -27,7 +27,7 @@ from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from . import partition
-from .batch import Batch, collate
+from .batch import Batch, BufferPool, collate
 from .decode import decode
 from .errors import ConfigError, CorruptImageError
 from .presets import PRESETS, Transform, preset
@@ -41,9 +41,13 @@ OnError = Literal["skip", "raise"]
 MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
 
-# Counter slots in the shared control tensor (see ShardDataset._control).
+# Layout of the shared control tensor (see ShardDataset._control): the epoch and resume point, then
+# per worker process two counters, then per worker process the free flags of its batch buffers.
 _EPOCH, _RESUME, _COUNTERS = 0, 1, 2
 _MAX_WORKER_SLOTS = 256
+_POOL_BUFFERS = 8
+_POOL = _COUNTERS + 2 * _MAX_WORKER_SLOTS
+_CONTROL_SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
 _CORRUPT, _TRUNCATED = 0, 1
 _TAG_AUGMENT = 3
 
@@ -159,7 +163,8 @@ class ShardDataset(IterableDataset[Batch]):
         # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
         # object made once, at their start): the epoch and the resume point are read from here at
         # the start of every pass, and each worker adds up what it skipped in its own slots.
-        self._control = torch.zeros(_COUNTERS + 2 * _MAX_WORKER_SLOTS, dtype=torch.int64).share_memory_()
+        self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.int64).share_memory_()
+        self._pool: BufferPool | None = None  # made in each worker process, on its first batch
 
     # ---- what an epoch holds ------------------------------------------------------------------
 
@@ -214,15 +219,26 @@ class ShardDataset(IterableDataset[Batch]):
     @property
     def corrupt_skipped(self) -> int:
         """Images skipped because they did not decode, over all passes so far (all workers)."""
-        return int(self._control[_COUNTERS + _CORRUPT :: 2].sum())
+        return int(self._control[_COUNTERS + _CORRUPT : _POOL : 2].sum())
 
     @property
     def truncated_shards(self) -> int:
         """Times a shard ended before its index said it would, over all passes so far."""
-        return int(self._control[_COUNTERS + _TRUNCATED :: 2].sum())
+        return int(self._control[_COUNTERS + _TRUNCATED : _POOL : 2].sum())
 
     def _count(self, worker: int, what: int) -> None:
         self._control[_COUNTERS + 2 * (worker % _MAX_WORKER_SLOTS) + what] += 1
+
+    def _worker_pool(self, process: int) -> BufferPool:
+        if self._pool is None:
+            first = _POOL + _POOL_BUFFERS * (process % _MAX_WORKER_SLOTS)
+            self._pool = BufferPool(self._control[first : first + _POOL_BUFFERS], first_token=first)
+        return self._pool
+
+    def _release(self, token: int) -> None:
+        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
+        assert _POOL <= token < _CONTROL_SIZE, token
+        self._control[token] = 1
 
     # ---- iteration ---------------------------------------------------------------------------
 
@@ -233,11 +249,12 @@ class ShardDataset(IterableDataset[Batch]):
         epoch, resume = int(self._control[_EPOCH]), int(self._control[_RESUME])
         # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
         # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
-        worker = partition.resumed_worker(worker, resume, num_workers)
-        return self._batches(epoch, resume, worker, num_workers, in_worker=info is not None)
+        role = partition.resumed_worker(worker, resume, num_workers)
+        pool = self._worker_pool(worker) if info is not None else None
+        return self._batches(epoch, resume, role, num_workers, pool=pool)
 
     def _batches(
-        self, epoch: int, resume: int, worker: int, num_workers: int, *, in_worker: bool
+        self, epoch: int, resume: int, worker: int, num_workers: int, *, pool: BufferPool | None
     ) -> Iterator[Batch]:
         plan = partition.worker_plan(
             self._shard_samples,
@@ -267,9 +284,9 @@ class ShardDataset(IterableDataset[Batch]):
                 samples += self._make_up(recent, size - len(samples))
                 if not samples:
                     return
-            with _seeded(_augment_seed(self.seed, epoch, self.rank, worker, k), restore=not in_worker):
+            with _seeded(_augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
                 images, labels = self._decode_batch(samples, worker)
-            yield collate(images, labels, shared=in_worker)
+            yield collate(images, labels, pool=pool)
 
     def _raw_stream(self, plan: partition.WorkerPlan, epoch: int, worker: int) -> Iterator[RawSample]:
         shards = self.split_info.shards

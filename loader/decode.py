@@ -24,7 +24,7 @@ __all__ = ["decode"]
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 
 
-def decode(data: bytes, ext: str, *, key: str = "?", shard: str = "?") -> torch.Tensor:
+def decode(data: bytes | bytearray, ext: str, *, key: str = "?", shard: str = "?") -> torch.Tensor:
     """Decode one image (``ext`` is its format, as named in the shard) to RGB ``uint8 [3, H, W]``.
 
     Raises:
@@ -33,8 +33,9 @@ def decode(data: bytes, ext: str, *, key: str = "?", shard: str = "?") -> torch.
     """
     if ext == "jpg":
         try:
-            # bytearray: decode_jpeg wants a writable buffer; the copy costs ~1% of the decode.
-            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            # decode_jpeg wants a writable buffer: the reader's bytearray, or a copy of bytes.
+            buffer = data if isinstance(data, bytearray) else bytearray(data)
+            return decode_jpeg(torch.frombuffer(buffer, dtype=torch.uint8), mode=ImageReadMode.RGB)
         except (RuntimeError, ValueError):
             pass  # refused by torchvision (rare: truncated, empty, exotic); Pillow has the last word
     try:

@@ -1,27 +1,36 @@
-"""Read a run of samples from one tar shard as raw (undecoded) bytes, on webdataset's tar iteration.
+"""Read a run of samples from one WebDataset tar shard as raw (undecoded) bytes.
 
-webdataset's ``tar_file_iterator`` + ``group_by_keys`` do the reading; this module adds what the loader
-needs on top: start at a sample offset without handing the skipped members' bytes to Python, stop
-at a sample offset without reading the rest of the shard, never read the ``.json`` members, and turn
-a truncated shard into a warning that ends the run instead of an exception.
+A thin ustar reader, not ``tarfile``: ``tarfile``'s stream mode (what webdataset's
+``tar_file_iterator`` opens shards with) reads in 10 KiB Python-level chunks and parses every header
+field in Python, ~0.3 ms a sample here, a fifth of what decoding and augmenting the image costs.
+This reader does one ``read`` per header and one ``readinto`` per kept member, checks each header's
+checksum, steps over skipped members with ``seek`` (a run that starts deep in a shard costs no
+reading), and stops at the run's end without reading the rest of the shard.
+
+Members are grouped into samples as webdataset does (``base_plus_ext``: the key is the name up to the
+first dot of its last path part, the extension the rest, lower-cased); the tests hold its output to
+webdataset's reading of the same shard. Besides the ustar headers the converter writes, it reads pax
+(``x``, ``g``) and GNU long-name (``L``) headers, so shards from webdataset's or GNU tar's writers
+load too.
 """
 
 from __future__ import annotations
 
-import tarfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from io import BufferedReader
 from pathlib import Path
-from typing import Any, NamedTuple
-
-from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_iterator
+from typing import NamedTuple, cast
 
 from imgshards.converter.manifest import IMAGE_EXTENSIONS
 
-__all__ = ["RawSample", "read_run"]
+__all__ = ["RawSample", "ShardFormatError", "read_run"]
 
+_BLOCK = 512
 _READ_BUFFER = 1 << 20
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
+_REGULAR = (b"0", b"\0", b"7")
+_SKIPPED_EXTS = frozenset({"json"})
 
 
 class RawSample(NamedTuple):
@@ -29,32 +38,13 @@ class RawSample(NamedTuple):
 
     key: str
     ext: str
-    data: bytes
+    data: bytearray
     label: int
     shard: str
 
 
-class _RunEnd(Exception):
-    """Raised by the member selector at the first member past the run, to stop the tar iteration."""
-
-
-class _Selector:
-    """Member filter for ``tar_file_iterator``: counts samples by key and keeps those in ``[start, stop)``."""
-
-    def __init__(self, start: int, stop: int) -> None:
-        self.start, self.stop = start, stop
-        self.index = -1
-        self.key: str | None = None
-
-    def __call__(self, fname: str) -> bool:
-        key, ext = base_plus_ext(fname)
-        if key != self.key:
-            self.key = key
-            self.index += 1
-            if self.index >= self.stop:
-                raise _RunEnd
-        # Skipped members are never read into Python; tarfile steps over their bytes.
-        return self.index >= self.start and ext is not None and ext.lower() != "json"
+class ShardFormatError(Exception):
+    """The shard ends early or holds something that is not a tar header where one should be."""
 
 
 def read_run(
@@ -62,41 +52,25 @@ def read_run(
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
-    A shard that ends early (truncated, or cut mid-member) yields what it has; ``on_truncated`` (or a
-    warning) is told once, naming the shard and the sample it stopped at.
+    A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
+    damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
+    it stopped at.
     """
     path = Path(path)
-    problems: list[str] = []
-
-    def handler(exn: BaseException) -> bool:
-        if not isinstance(exn, _RunEnd):
-            # webdataset appends " @ <file object>" to the message; the shard is named already.
-            problems.append(f"{type(exn).__name__}: {str(exn).split(' @ ')[0]}")
-        return False  # stop reading this shard either way
-
-    expected = stop - start
-    got = 0
+    expected, got, problem = stop - start, 0, ""
     with open(path, "rb", buffering=_READ_BUFFER) as f:
-        selector = _Selector(start, stop)
-        members = tar_file_iterator(f, handler=handler, select_files=selector)
-        samples = group_by_keys(_guard(members, str(path), problems), handler=handler)
+        samples = _samples(cast(BufferedReader, f), start, stop, path.name)
         try:
             for sample in samples:
-                raw = _to_raw(sample, path.name)
-                if raw is None:  # a sample missing its image or label: the shard was cut inside it
-                    problems.append(f"sample {sample.get('__key__')!r} is incomplete")
-                    break
-                yield raw
+                yield sample
                 got += 1
-                if got == expected:
-                    break
+        except ShardFormatError as e:
+            problem = f"; {e}"
         finally:
             samples.close()
-            members.close()
     if got < expected:
-        detail = f"; {problems[0]}" if problems else ""
         message = (
-            f"shard {path.name} ended after sample {start + got} of the {stop} expected{detail}: "
+            f"shard {path.name} ended after sample {start + got} of the {stop} expected{problem}: "
             "truncated or rewritten since it was packed; the epoch goes on without the rest of it"
         )
         if on_truncated is not None:
@@ -105,24 +79,120 @@ def read_run(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-def _guard(members: Iterator[dict[str, Any]], url: str, problems: list[str]) -> Iterator[dict[str, Any]]:
-    """Tag members with their shard (as webdataset's expander does); end where tarfile fails unhandled."""
+def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[RawSample, None, None]:
+    """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples."""
+    index, key = -1, None
+    parts: dict[str, bytearray] = {}
+    headers = _headers(f)
+    while True:
+        try:
+            name, size = next(headers)
+        except StopIteration:
+            break
+        except ShardFormatError:
+            if "cls" in parts and not _IMAGE_EXTS.isdisjoint(parts):
+                yield _to_raw(key, parts, shard)  # complete before the damage
+            raise
+        slash = name.rfind("/") + 1
+        dot = name.find(".", slash)
+        if dot < 0:  # no extension: not part of a sample (webdataset skips these too)
+            _skip(f, size)
+            continue
+        member_key, ext = name[:dot], name[dot + 1 :].lower()
+        if member_key != key:
+            if parts:
+                yield _to_raw(key, parts, shard)
+                parts = {}
+            key, index = member_key, index + 1
+            if index >= stop:
+                return
+        if index < start or ext in _SKIPPED_EXTS:
+            _skip(f, size)
+            continue
+        data = bytearray(size)
+        if f.readinto(data) != size:
+            raise ShardFormatError(f"member {name} is cut short")
+        _skip(f, size, size)
+        parts[ext] = data
+    if parts:
+        yield _to_raw(key, parts, shard)
+
+
+def _headers(f: BufferedReader) -> Iterator[tuple[str, int]]:
+    """Yield ``(name, size)`` of each regular member, leaving ``f`` at its data."""
+    long_name: str | None = None
+    while True:
+        header = f.read(_BLOCK)
+        if len(header) < _BLOCK:
+            if header:
+                raise ShardFormatError("a tar header is cut short")
+            return  # no end-of-archive blocks: a shard cut at a member boundary (the count tells)
+        if header.count(0) == _BLOCK:
+            return  # end of archive
+        if _checksum(header) != _octal(header[148:156]):
+            raise ShardFormatError("a tar header has a bad checksum")
+        size = _octal(header[124:136])
+        kind = header[156:157]
+        if kind in (b"x", b"g", b"L"):
+            data = f.read(size)
+            if len(data) != size:
+                raise ShardFormatError("an extended tar header is cut short")
+            _skip(f, size, size)
+            if kind == b"L":
+                long_name = data.rstrip(b"\0").decode("utf-8")
+            elif kind == b"x":
+                long_name = _pax_path(data) or long_name
+            continue
+        if long_name is not None:
+            name, long_name = long_name, None
+        else:
+            name = header[:100].rstrip(b"\0").decode("utf-8")
+            prefix = header[345:500].rstrip(b"\0") if header[257:262] == b"ustar" else b""
+            if prefix:
+                name = prefix.decode("utf-8") + "/" + name
+        if kind in _REGULAR:
+            yield name, size
+        else:
+            _skip(f, size)
+
+
+def _skip(f: BufferedReader, size: int, done: int = 0) -> None:
+    """Move past the rest of a member of ``size`` data bytes (``done`` of them read) and its padding."""
+    f.seek(size - done + (-size % _BLOCK), 1)
+
+
+def _octal(field: bytes) -> int:
+    digits = field.rstrip(b"\0 ").lstrip(b" ")
+    if digits[:1] == b"\x80":  # GNU base-256 for big numbers
+        return int.from_bytes(digits[1:], "big")
     try:
-        for member in members:
-            member["__url__"] = url
-            yield member
-    except (tarfile.TarError, OSError, EOFError) as e:
-        problems.append(f"{type(e).__name__}: {e}")
+        return int(digits, 8) if digits else 0
+    except ValueError:
+        raise ShardFormatError(f"a tar header field is not a number: {field!r}") from None
 
 
-def _to_raw(sample: dict[str, Any], shard: str) -> RawSample | None:
-    label = sample.get("cls")
-    images = [ext for ext in sample if ext in _IMAGE_EXTS]
+def _checksum(header: bytes) -> int:
+    return sum(header[:148]) + 8 * 32 + sum(header[156:])
+
+
+def _pax_path(data: bytes) -> str | None:
+    path = None
+    for record in data.split(b"\n"):
+        _, _, keyword_value = record.partition(b" ")
+        keyword, _, value = keyword_value.partition(b"=")
+        if keyword == b"path":
+            path = value.decode("utf-8")
+    return path
+
+
+def _to_raw(key: str | None, parts: dict[str, bytearray], shard: str) -> RawSample:
+    images = [ext for ext in parts if ext in _IMAGE_EXTS]
+    label = parts.get("cls")
     if label is None or len(images) != 1:
-        return None
-    ext = images[0]
+        raise ShardFormatError(f"sample {key!r} has members {sorted(parts)}, not one image and a .cls")
     try:
         value = int(label)
     except ValueError:
-        return None
-    return RawSample(key=str(sample["__key__"]), ext=ext, data=sample[ext], label=value, shard=shard)
+        raise ShardFormatError(f"sample {key!r} has a non-integer .cls: {bytes(label[:20])!r}") from None
+    ext = images[0]
+    return RawSample(key=str(key), ext=ext, data=parts[ext], label=value, shard=shard)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, Batch, ConfigError, to_device
-from imgshards.loader.batch import collate
+from imgshards.loader.batch import BufferPool, collate, pool_token
 
 
 def images(n: int, size: int = 8) -> list[torch.Tensor]:
@@ -16,7 +16,7 @@ def images(n: int, size: int = 8) -> list[torch.Tensor]:
 
 def test_collate_stacks_into_channels_last_uint8():
     imgs = images(4)
-    batch = collate(imgs, [3, 1, 0, 2], shared=False)
+    batch = collate(imgs, [3, 1, 0, 2])
     assert isinstance(batch, Batch)
     assert batch.images.shape == (4, 3, 8, 8) and batch.images.dtype == torch.uint8
     assert batch.images.is_contiguous(memory_format=torch.channels_last)
@@ -26,18 +26,33 @@ def test_collate_stacks_into_channels_last_uint8():
     assert images_ is batch.images and labels is batch.labels
 
 
-def test_collate_in_shared_memory_for_workers():
-    assert collate(images(2), [0, 1], shared=True).images.is_shared()
+def test_pool_reuses_a_buffer_only_once_it_is_given_back():
+    flags = torch.zeros(10, dtype=torch.int64)
+    pool = BufferPool(flags[4:6], first_token=4)
+    a = collate(images(2), [0, 1], pool=pool)
+    assert a.images.is_shared() and pool_token(a.images) == 4
+    b = collate(images(2), [0, 1], pool=pool)
+    assert pool_token(b.images) == 5
+    c = collate(images(2), [0, 1], pool=pool)  # both taken: a one-off buffer, no token
+    assert c.images.is_shared() and pool_token(c.images) is None
+    flags[4] = 1  # the main process gave buffer 4 back
+    d = collate(images(3), [0, 1, 2], pool=pool)  # a bigger batch gets a bigger buffer in slot 4
+    assert pool_token(d.images) == 4 and flags[4] == 0
+    assert d.images.untyped_storage().data_ptr() != a.images.untyped_storage().data_ptr()
+    flags[4] = 1
+    e = collate(images(1), [0], pool=pool)
+    assert e.images.untyped_storage().data_ptr() == d.images.untyped_storage().data_ptr()
+    assert pool_token(collate(images(1), [0]).images) is None
 
 
 def test_collate_refuses_images_of_different_sizes():
     with pytest.raises(ConfigError, match="fixed size"):
-        collate([*images(1, 8), *images(1, 9)], [0, 0], shared=False)
+        collate([*images(1, 8), *images(1, 9)], [0, 0])
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_to_device_normalizes_on_the_device(channels_last):
-    batch = collate(images(3), [0, 1, 2], shared=False)
+    batch = collate(images(3), [0, 1, 2])
     out = to_device(batch, "cpu", channels_last=channels_last)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
@@ -52,7 +67,7 @@ def test_to_device_normalizes_on_the_device(channels_last):
 
 
 def test_to_device_custom_stats_and_dtype():
-    batch = collate(images(2), [0, 1], shared=False)
+    batch = collate(images(2), [0, 1])
     out = to_device(
         batch, torch.device("cpu"), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), dtype=torch.float64
     )
@@ -64,7 +79,7 @@ def test_to_device_custom_stats_and_dtype():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_to_device_cuda_matches_cpu():
-    batch = collate(images(3), [0, 1, 2], shared=False)
+    batch = collate(images(3), [0, 1, 2])
     batch = Batch(batch.images.pin_memory(), batch.labels.pin_memory())
     gpu = to_device(batch, "cuda", channels_last=True)
     torch.cuda.synchronize()

@@ -18,6 +18,7 @@ import torch
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
+from imgshards.loader.batch import pool_token
 
 IDENTITY = torch.nn.Identity()
 
@@ -123,6 +124,22 @@ def test_augmentation_is_seeded_per_batch(packed_many):
     assert torch.equal(torch.rand(3), before), "num_workers=0 must leave the caller's RNG alone"
 
 
+def test_recycled_batch_buffers_never_change_a_batch_still_held(packed_many, lookup_many):
+    ds = dataset(packed_many, batch_size=4)
+    loader = make_loader(ds, num_workers=2, persistent_workers=True)
+    expected = run(packed_many, lookup_many, num_workers=2, batch_size=4)
+    for _ in range(2):  # two passes: the persistent workers keep their buffers between them
+        kept, tokens = {}, set()
+        for i, batch in enumerate(loader):
+            tokens.add(pool_token(batch.images))
+            if i % 3 == 0:
+                kept[i] = batch  # held while later batches are made: its buffer must not come back
+        loader.set_epoch(0)
+        assert {i: lookup_many.batch_keys(b) for i, b in kept.items()} == {i: expected[i] for i in kept}
+        assert None not in tokens and len(tokens) <= 16, "buffers are recycled, not made per batch"
+    assert len(loader._lent) < 40
+
+
 # ---- shuffling quality ---------------------------------------------------------------------------
 
 
@@ -195,7 +212,7 @@ def test_resume_gives_the_same_augmented_images(packed_many):
 def test_dataloader_round_robin_matches_the_per_worker_model(packed_many, lookup_many):
     """Workers with unequal batch counts: DataLoader's order is batch j from worker j % num_workers."""
     ds = dataset(packed_many, batch_size=5)  # 115 samples: 23 batches over 3 workers = 8, 8, 7
-    per_worker = [lookup_many.run_keys(ds._batches(0, 0, w, 3, in_worker=False)) for w in range(3)]
+    per_worker = [lookup_many.run_keys(ds._batches(0, 0, w, 3, pool=None)) for w in range(3)]
     assert [len(b) for b in per_worker] == [8, 8, 7]
     expected = [per_worker[j % 3][j // 3] for j in range(23)]
     assert lookup_many.run_keys(make_loader(ds, num_workers=3)) == expected

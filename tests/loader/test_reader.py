@@ -1,6 +1,9 @@
-"""Reading runs of samples out of real shards written by ``pack``."""
+"""Reading runs of samples out of real shards written by ``pack`` (and by tarfile, in its three formats)."""
 
 from __future__ import annotations
+
+import io
+import tarfile
 
 import pytest
 
@@ -50,3 +53,52 @@ def test_garbage_file_reports_instead_of_raising(tmp_path):
     reports = []
     assert list(read_run(bad, 0, 5, on_truncated=reports.append)) == []
     assert len(reports) == 1
+
+
+def test_same_samples_as_webdatasets_own_reading(packed_many):
+    import webdataset as wds
+
+    shards = read_manifest(packed_many).split("train").shards
+    for info in shards[:3]:
+        path = packed_many / info.name
+        theirs = [
+            (s["__key__"], s["jpg"], int(s["cls"]))
+            for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False)
+        ]
+        ours = [(s.key, bytes(s.data), s.label) for s in read_run(path, 0, info.samples)]
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_reads_ustar_gnu_and_pax_headers(tmp_path, fmt):
+    path = tmp_path / "s.tar"
+    long_dir = "d" * 120 if fmt != tarfile.USTAR_FORMAT else "d" * 40
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for i in range(3):
+            for ext, data in (
+                ("jpg", b"\xff\xd8" + bytes([i]) * 700),
+                ("cls", str(i).encode()),
+                ("json", b"{}"),
+            ):
+                info = tarfile.TarInfo(f"{long_dir}/k{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    samples = list(read_run(path, 0, 3))
+    assert [(s.key, s.label, len(s.data)) for s in samples] == [
+        (f"{long_dir}/k{i}", i, 702) for i in range(3)
+    ]
+    assert [s.key for s in read_run(path, 1, 2)] == [f"{long_dir}/k1"]
+
+
+def test_a_damaged_header_ends_the_shard_with_a_report(shard, tmp_path):
+    path, n = shard
+    with tarfile.open(path) as tar:
+        at = tar.getmembers()[30].offset  # the header of the 11th sample's image
+    data = bytearray(path.read_bytes())
+    data[at : at + 512] = b"\x07" * 512
+    bad = tmp_path / path.name
+    bad.write_bytes(bytes(data))
+    reports = []
+    samples = list(read_run(bad, 0, n, on_truncated=reports.append))
+    assert len(samples) == 10 and len(reports) == 1
+    assert "ended after sample 10 of the" in reports[0]
