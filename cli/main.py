@@ -8,6 +8,7 @@ import click
 
 from imgshards.converter import ImgshardsError
 
+from .bench import bench
 from .demo import demo
 from .info import info
 from .pack import pack
@@ -36,6 +37,7 @@ cli.add_command(pack)
 cli.add_command(verify)
 cli.add_command(info)
 cli.add_command(demo)
+cli.add_command(bench)
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from .errors import ConfigError, CorruptImageError
 from .presets import PRESETS, Transform, preset
 from .reader import RawSample, read_run
 from .shuffle import buffer_shuffle, interleave, worker_rng
+from .stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, READ, NoClock, StageClock, StageTimes
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
 
@@ -165,6 +166,9 @@ class ShardDataset(IterableDataset[Batch]):
         # the start of every pass, and each worker adds up what it skipped in its own slots.
         self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.int64).share_memory_()
         self._pool: BufferPool | None = None  # made in each worker process, on its first batch
+        # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
+        # then each worker times its stages and counts its batches in it.
+        self.stage_times: StageTimes | None = None
 
     # ---- what an epoch holds ------------------------------------------------------------------
 
@@ -270,7 +274,8 @@ class ShardDataset(IterableDataset[Batch]):
             shuffle=self.shuffle,
         )
         done = partition.delivered_by_worker(resume, num_workers)[worker]
-        raw = self._raw_stream(plan, epoch, worker)
+        clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
+        raw = clock.timed_iter(READ, self._raw_stream(plan, epoch, worker))
         recent: deque[RawSample] = deque(maxlen=self.batch_size)
         raw = _remember(raw, recent)
         # Resume: the samples of batches already delivered are read and dropped, never decoded.
@@ -285,8 +290,10 @@ class ShardDataset(IterableDataset[Batch]):
                 if not samples:
                     return
             with _seeded(_augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
-                images, labels = self._decode_batch(samples, worker)
-            yield collate(images, labels, pool=pool)
+                images, labels = self._decode_batch(samples, worker, clock)
+            batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
+            clock.batch_done(len(labels))
+            yield batch
 
     def _raw_stream(self, plan: partition.WorkerPlan, epoch: int, worker: int) -> Iterator[RawSample]:
         shards = self.split_info.shards
@@ -319,19 +326,22 @@ class ShardDataset(IterableDataset[Batch]):
         pool = list(recent)
         return [pool[i % len(pool)] for i in range(missing)]
 
-    def _decode_batch(self, samples: list[RawSample], worker: int) -> tuple[list[torch.Tensor], list[int]]:
+    def _decode_batch(
+        self, samples: list[RawSample], worker: int, clock: StageClock | NoClock = NO_CLOCK
+    ) -> tuple[list[torch.Tensor], list[int]]:
         images: list[torch.Tensor] = []
         labels: list[int] = []
+        decode_, transform = clock.timed(DECODE, decode), clock.timed(AUGMENT, self.transform)
         for s in samples:
             try:
-                image = decode(s.data, s.ext, key=s.key, shard=s.shard)
+                image = decode_(s.data, s.ext, key=s.key, shard=s.shard)
             except CorruptImageError as e:
                 if self.on_error == "raise":
                     raise
                 self._count(worker, _CORRUPT)
                 warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=2)
                 continue
-            images.append(self.transform(image))
+            images.append(transform(image))
             labels.append(s.label)
         return images, labels
 

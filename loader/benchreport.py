@@ -1,0 +1,255 @@
+"""What ``imgshards bench`` measured: per-run results, the verdict on a simulated model, the sweep plot.
+
+:func:`imgshards.loader.profiling.bench` fills these; how each figure is taken is told there. Every
+type converts to plain JSON values (``to_json``), derived figures included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .profiling import BenchConfig
+
+__all__ = ["LOADER_BOUND_WAIT", "BenchPoint", "BenchReport", "Pipeline", "RunResult", "Verdict", "plot_sweep"]
+
+Pipeline = Literal["imgshards", "imagefolder"]
+
+# A training loop that waits for data longer than this share of its time is called loader-bound.
+LOADER_BOUND_WAIT = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """What one run of one pipeline measured (see the module docstring for how)."""
+
+    pipeline: Pipeline
+    workers: int
+    prefetch_factor: int
+    startup_s: float
+    seconds: float
+    batches: int
+    images: int
+    passes: int
+    stage_seconds: dict[str, float]
+    worker_images: list[int]
+    worker_busy_s: list[float]
+    ready_mean: float
+    ready_max: int
+    ready_none: float
+    wait_s: float
+    step_s: float
+    peak_rss_main: int | None
+    peak_rss_workers: list[int | None]
+    pss_total: int | None
+    evicted_bytes: int | None = None
+
+    @property
+    def images_per_s(self) -> float:
+        """Images received per second, from the first batch on."""
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def worker_images_per_s(self) -> list[float]:
+        """Images each worker finished per second of the run."""
+        return [n / self.seconds if self.seconds > 0 else 0.0 for n in self.worker_images]
+
+    @property
+    def images_per_busy_s(self) -> float:
+        """Images a worker makes per second of its stage time: one worker's rate flat out."""
+        busy = sum(self.worker_busy_s)
+        return sum(self.worker_images) / busy if busy > 0 else 0.0
+
+    @property
+    def busy_share(self) -> float:
+        """Mean share of the run the workers spent in their stages (the rest they waited), at most 1.
+
+        A batch counts whole in the run it is finished in, so on a short run the batches in progress at
+        the first batch can push the raw figure past 1; it is capped there.
+        """
+        if not self.worker_busy_s or self.seconds <= 0:
+            return 0.0
+        return min(1.0, sum(self.worker_busy_s) / len(self.worker_busy_s) / self.seconds)
+
+    @property
+    def wait_share(self) -> float:
+        """Share of the run the training loop spent blocked waiting for the next batch."""
+        return self.wait_s / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ready_capacity(self) -> int:
+        """The most batches a DataLoader lets its workers prepare ahead."""
+        return self.workers * self.prefetch_factor
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, with the derived figures, as plain JSON values."""
+        return {
+            **asdict(self),
+            "images_per_s": self.images_per_s,
+            "worker_images_per_s": self.worker_images_per_s,
+            "images_per_busy_s": self.images_per_busy_s,
+            "busy_share": self.busy_share,
+            "wait_share": self.wait_share,
+            "ready_capacity": self.ready_capacity,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Whether a training step of the simulated cost would wait for data, and by how much.
+
+    ``factor``: for ``"loader"``, how many times more images a second the model could take than the
+    loader delivered; for ``"compute"``, about how many times what the model takes the loader could
+    feed (delivered rate over the workers' busy share: an estimate, low when workers outnumber cores).
+    """
+
+    bound: Literal["loader", "compute"]
+    wait_share: float
+    factor: float
+    model_images_per_s: float
+    delivered_images_per_s: float
+
+    @classmethod
+    def of(cls, run: RunResult, *, step_seconds: float, batch_size: int) -> Verdict:
+        """Judge ``run``, made with a simulated step of ``step_seconds`` per batch of ``batch_size``."""
+        model = batch_size / step_seconds
+        delivered = run.images_per_s
+        if run.wait_share > LOADER_BOUND_WAIT:
+            return cls(
+                bound="loader",
+                wait_share=run.wait_share,
+                factor=model / delivered if delivered else float("inf"),
+                model_images_per_s=model,
+                delivered_images_per_s=delivered,
+            )
+        busy = run.busy_share
+        return cls(
+            bound="compute",
+            wait_share=run.wait_share,
+            factor=delivered / busy / model if busy > 0 else float("inf"),
+            model_images_per_s=model,
+            delivered_images_per_s=delivered,
+        )
+
+    def __str__(self) -> str:
+        waited = f"the step waited for data {self.wait_share:.0%} of the time"
+        if self.bound == "loader":
+            return (
+                f"loader-bound: {waited}; the model could take {self.model_images_per_s:,.0f} images/s, "
+                f"the loader delivers {self.delivered_images_per_s:,.0f} ({self.factor:.1f}x short)"
+            )
+        return (
+            f"compute-bound: {waited}; the loader could feed about {self.factor:.1f}x the "
+            f"{self.model_images_per_s:,.0f} images/s the model takes"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchPoint:
+    """The runs at one worker count, and their verdicts when a model step was simulated."""
+
+    workers: int
+    imgshards: RunResult
+    imagefolder: RunResult | None = None
+    verdict: Verdict | None = None
+    imagefolder_verdict: Verdict | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        """The imgshards images/s over ImageFolder's, when compared."""
+        if self.imagefolder is None or not self.imagefolder.images_per_s:
+            return None
+        return self.imgshards.images_per_s / self.imagefolder.images_per_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchReport:
+    """Everything :func:`bench` measured, in the order it ran."""
+
+    dst: str
+    imagefolder_src: str | None
+    samples: int
+    shards: int
+    shard_bytes: int
+    imagefolder_samples: int | None
+    cpus: int
+    config: BenchConfig
+    points: list[BenchPoint] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON values (derived figures included)."""
+        config = asdict(self.config)
+        config["step_seconds"] = self.config.step_seconds
+        return {
+            "dst": self.dst,
+            "imagefolder_src": self.imagefolder_src,
+            "samples": self.samples,
+            "shards": self.shards,
+            "shard_bytes": self.shard_bytes,
+            "imagefolder_samples": self.imagefolder_samples,
+            "cpus": self.cpus,
+            "config": config,
+            "points": [
+                {
+                    "workers": p.workers,
+                    "imgshards": p.imgshards.to_json(),
+                    "imagefolder": p.imagefolder.to_json() if p.imagefolder else None,
+                    "speedup": p.speedup,
+                    "verdict": _verdict_json(p.verdict),
+                    "imagefolder_verdict": _verdict_json(p.imagefolder_verdict),
+                }
+                for p in self.points
+            ],
+        }
+
+
+def _verdict_json(v: Verdict | None) -> dict[str, Any] | None:
+    return None if v is None else {**asdict(v), "text": str(v)}
+
+
+def plot_sweep(report: BenchReport, path: str | Path) -> None:
+    """Draw images/s against DataLoader workers for each pipeline of ``report`` into a PNG at ``path``.
+
+    Also drawn: linear scaling from the smallest worker count, the number of CPUs, and the rate the
+    simulated model takes, when there is one.
+
+    Raises:
+        ImportError: matplotlib (the ``plot`` extra: ``pip install 'imgshards[plot]'``) is missing.
+
+    """
+    from matplotlib.figure import Figure  # the optional `plot` extra; pyplot's global state not needed
+
+    config = report.config
+    workers = [p.workers for p in report.points]
+    ours = [p.imgshards.images_per_s for p in report.points]
+    fig = Figure(figsize=(6.4, 4.0), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(workers, ours, "o-", color="tab:blue", label="imgshards")
+    theirs = [p.imagefolder.images_per_s for p in report.points if p.imagefolder is not None]
+    if len(theirs) == len(workers):
+        ax.plot(workers, theirs, "s-", color="tab:orange", label="ImageFolder + DataLoader")
+    base = next(((w, r) for w, r in zip(workers, ours, strict=True) if w > 0), None)
+    if base is not None and len(workers) > 1:
+        ideal = [base[1] * max(w, 1) / base[0] for w in workers]
+        ax.plot(workers, ideal, ":", color="0.5", label=f"linear from {base[0]} worker{'s' * (base[0] != 1)}")
+    if config.step_seconds:
+        ax.axhline(config.batch_size / config.step_seconds, color="tab:red", lw=1, label="simulated model")
+    ax.axvline(report.cpus, color="0.7", ls="--", lw=1)
+    ax.annotate(
+        f"{report.cpus} CPUs", (report.cpus, 0), xytext=(3, 3), textcoords="offset points", fontsize=8
+    )
+    ax.set_xticks(workers)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("DataLoader workers")
+    ax.set_ylabel("images/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    cold = ", cold cache" if config.cold else ""
+    ax.set_title(
+        f"imgshards bench: preset {config.preset!r}, batch {config.batch_size}, "
+        f"{report.samples:,} images{cold}",
+        fontsize=10,
+    )
+    fig.savefig(path, format="png")
