@@ -45,6 +45,8 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "SplitInfo",
+    "is_url",
+    "local_path",
     "read_manifest",
 ]
 
@@ -201,14 +203,35 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
     )
 
 
-def read_manifest(root: str | os.PathLike[str]) -> Manifest:
-    """Read ``index.json`` from a packed dataset directory (or the index file itself).
+def is_url(root: object) -> bool:
+    """Whether ``root`` is a URL read through fsspec (``s3://``, ``gs://``, ``https://``...), not a path.
+
+    ``file://`` URLs count as local paths.
+    """
+    return isinstance(root, str) and "://" in root and not root.startswith("file://")
+
+
+def local_path(root: str | os.PathLike[str]) -> Path:
+    """A local path, ``file://`` prefix removed."""
+    text = os.fspath(root)
+    return Path(text[len("file://") :] if text.startswith("file://") else text)
+
+
+def read_manifest(
+    root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> Manifest:
+    """Read ``index.json`` from a packed dataset directory or URL (or the index file itself).
+
+    A URL (``s3://bucket/prefix``, ``https://host/path``...) is read through fsspec, with
+    ``storage_options`` for its file system (fsspec is imported only then).
 
     Raises:
         ManifestError: the index is missing, unreadable, malformed, or of another format version.
 
     """
-    path = Path(root)
+    if is_url(root):
+        return _read_manifest_url(str(root), storage_options or {})
+    path = local_path(root)
     if path.is_dir():
         path = path / INDEX_NAME
     try:
@@ -224,3 +247,26 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     except json.JSONDecodeError as e:
         raise ManifestError(f"{path} is not valid JSON ({e}); re-pack the dataset") from e
     return Manifest.from_json(data, where=str(path))
+
+
+def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest:
+    from fsspec.core import url_to_fs  # only for URLs: the converter needs no fsspec otherwise
+
+    index_url = url if url.endswith(".json") else f"{url.rstrip('/')}/{INDEX_NAME}"
+    try:
+        fs, path = url_to_fs(index_url, **storage_options)
+        text = fs.cat_file(path).decode("utf-8")
+    except FileNotFoundError:
+        raise ManifestError(
+            f"no {INDEX_NAME} at {index_url}: not a packed dataset, "
+            "or `imgshards pack` has not finished there"
+        ) from None
+    except ImportError as e:  # fsspec names the package its protocol needs
+        raise ManifestError(f"cannot read {index_url}: {e}") from e
+    except Exception as e:  # the file system's own errors (aiohttp, botocore...), not importable here
+        raise ManifestError(f"cannot read {index_url}: {type(e).__name__}: {e}") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{index_url} is not valid JSON ({e}); re-pack the dataset") from e
+    return Manifest.from_json(data, where=index_url)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from imgshards.converter.errors import ImgshardsError, ManifestError
 
-__all__ = ["ConfigError", "CorruptImageError", "ManifestError", "ResumeError"]
+__all__ = ["ConfigError", "CorruptImageError", "ManifestError", "ResumeError", "ShardReadError"]
 
 
 class ConfigError(ImgshardsError, ValueError):
@@ -40,3 +40,15 @@ class CorruptImageError(ImgshardsError):
 
 class ResumeError(ImgshardsError):
     """A loader state does not fit this loader (other world size, worker count, batch size, seed...)."""
+
+
+class ShardReadError(ImgshardsError, OSError):
+    """A remote shard could not be read: a permanent error, or a transient one that outlasted the retries.
+
+    Raised with ``on_error="raise"``; with ``on_error="skip"`` the rest of the shard is skipped, counted
+    and warned about. Built from one message string, so a DataLoader can re-raise it in the main process.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard

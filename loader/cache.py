@@ -1,0 +1,220 @@
+"""A bounded local directory of whole shards, shared by the processes of one machine, evicted LRU.
+
+Files in the cache directory ``CACHE``::
+
+    CACHE/.lock                                       flocked while space is counted and reserved
+    CACHE/train-000042.<sha256[:20]>.tar              a whole shard, named by its content
+    CACHE/.train-000042.<sha256[:20]>.tar.<pid>-<n>.partial    a shard being written
+
+Invariants, held by every process that uses the directory with the same ``limit``:
+
+1. **A file under a final name is a whole shard whose SHA-256 is the index's.** It is written under
+   a partial name, hashed as it arrives, fsynced and renamed (atomic on one file system); a shard
+   that does not hash as the index says is never renamed. Names carry the hash, so a re-packed
+   dataset never reads an old shard of the same name, and two datasets can share the directory.
+2. **The sizes of the files in CACHE add up to at most ``limit`` at every moment.** Bytes are added
+   only by creating a partial file at its shard's full size (``ftruncate``; sparse until written),
+   and only under an exclusive ``flock`` on ``CACHE/.lock``, after adding up every file there and
+   evicting whole shards until the new one fits. Writing into a partial file never grows it,
+   renaming keeps the total (and happens under the lock too, so whoever adds up the files while
+   holding it counts each shard once), and eviction only lowers it.
+3. **A partial file is flocked by its writer for as long as it is written.** One that another
+   process can lock was left by a dead process and is removed by the next reservation. At most one
+   process writes a given shard: a live partial of it makes other processes stream it instead.
+4. **Eviction takes the least recently used shards (oldest mtime, bumped on every hit) that no one
+   is reading.** Readers hold a shared ``flock`` on a cached shard while they read it; eviction
+   skips shards it cannot lock exclusively. (A reader that opened a shard just before it was
+   evicted still reads it whole from its open file.)
+5. **The cache never blocks reading.** When no room can be made (the shard is larger than the
+   limit, or everything else is being read or written), the shard is streamed without caching.
+
+``flock`` is reliable on local file systems only: share a cache directory between the workers and
+ranks of one machine, not between machines over NFS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["CacheEntry", "Reservation", "ShardCache"]
+
+_LOCK_NAME = ".lock"
+_PARTIAL = ".partial"
+_READ_BUFFER = 1 << 20
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+
+
+def cache_name(shard: str, sha256: str) -> str:
+    """The file name of a shard in the cache: its name with (a prefix of) its SHA-256."""
+    stem, dot, ext = shard.rpartition(".")
+    return f"{stem}.{sha256[:20]}.{ext}" if dot else f"{shard}.{sha256[:20]}"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A file in the cache directory, as seen when space is counted."""
+
+    path: Path
+    size: int
+    mtime: float
+    partial: bool
+
+
+class Reservation:
+    """Space reserved for one shard: a locked partial file of the shard's size, written in order.
+
+    Exactly one of :meth:`commit` and :meth:`abort` ends it.
+    """
+
+    def __init__(self, cache: ShardCache, partial: Path, final: Path, fd: int, size: int) -> None:
+        self.partial, self.final, self.size = partial, final, size
+        self._cache = cache
+        self._fd = fd
+        self.written = 0
+
+    def write(self, data: memoryview | bytes) -> None:
+        """Append ``data`` (never past the reserved size)."""
+        view = memoryview(data)
+        if self.written + len(view) > self.size:
+            raise ValueError(f"{self.final.name}: writing past the {self.size} bytes reserved")
+        while view:
+            n = os.pwrite(self._fd, view, self.written)
+            self.written += n
+            view = view[n:]
+
+    def commit(self) -> None:
+        """Make the whole shard visible under its final name (after fsync), then unlock it."""
+        if self.written != self.size:
+            raise ValueError(f"{self.final.name}: committing {self.written} of {self.size} bytes")
+        try:
+            os.fsync(self._fd)
+            # Under the partial's lock (no one takes it as stale) and the cache lock (whoever counts
+            # the files under that lock sees the shard once, by one name or the other).
+            with self._cache.locked():
+                os.rename(self.partial, self.final)
+        finally:
+            os.close(self._fd)
+
+    def abort(self) -> None:
+        """Give the space back."""
+        try:
+            self.partial.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+
+
+class ShardCache:
+    """Whole shards in ``root``, at most ``limit`` bytes of files in all (see the module docstring).
+
+    Args:
+        root: The cache directory; created if missing. Share it between processes of one machine.
+        limit: Most bytes the files in ``root`` may hold together.
+
+    """
+
+    def __init__(self, root: str | os.PathLike[str], limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"cache limit must be a positive number of bytes, got {limit}")
+        self.root = Path(root)
+        self.limit = limit
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, shard: str, sha256: str) -> Path:
+        """Where the shard lives in the cache when it is there."""
+        return self.root / cache_name(shard, sha256)
+
+    def open(self, shard: str, sha256: str) -> BinaryIO | None:
+        """Open the cached shard for reading (shared-locked, its use time bumped), or None on a miss."""
+        path = self.path(shard, sha256)
+        try:
+            f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 (returned to the caller)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(f, fcntl.LOCK_SH)  # held until the reader closes the file
+        with contextlib.suppress(FileNotFoundError):  # evicted between open and flock: still whole
+            os.utime(path)
+        return f
+
+    def reserve(self, shard: str, sha256: str, size: int) -> Reservation | None:
+        """Make room for a shard of ``size`` bytes and return its partial file, or None (stream it).
+
+        None when the shard is cached already, another process is writing it, or no room can be made.
+        """
+        if size > self.limit:
+            return None
+        final = self.path(shard, sha256)
+        with self.locked():
+            entries = self._entries(clean=True)
+            writing = any(e.partial and e.path.name.startswith(f".{final.name}.") for e in entries)
+            if writing or final.exists():
+                return None
+            used = sum(e.size for e in entries)
+            for victim in sorted((e for e in entries if not e.partial), key=lambda e: e.mtime):
+                if used + size <= self.limit:
+                    break
+                if _remove_unused(victim.path):
+                    used -= victim.size
+            if used + size > self.limit:
+                return None
+            with _counter_lock:
+                n = next(_counter)
+            partial = self.root / f".{final.name}.{os.getpid()}-{n}{_PARTIAL}"
+            fd = os.open(partial, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, size)
+        return Reservation(self, partial, final, fd, size)
+
+    def usage(self) -> int:
+        """Bytes the files in the cache hold now, partial files at their reserved size."""
+        with self.locked():
+            return sum(e.size for e in self._entries(clean=False))
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the cache lock: no space is reserved, evicted or committed meanwhile."""
+        with open(self.root / _LOCK_NAME, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def _entries(self, *, clean: bool) -> list[CacheEntry]:
+        """Every file in the cache but the lock; with ``clean``, partial files of dead processes go."""
+        entries = []
+        with os.scandir(self.root) as it:
+            for d in it:
+                if d.name == _LOCK_NAME or not d.is_file(follow_symlinks=False):
+                    continue
+                partial = d.name.endswith(_PARTIAL)
+                if partial and clean and _remove_unused(Path(d.path)):
+                    continue
+                try:
+                    st = d.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                entries.append(CacheEntry(Path(d.path), st.st_size, st.st_mtime, partial))
+        return entries
+
+
+def _remove_unused(path: Path) -> bool:
+    """Remove ``path`` if no process holds a lock on it; say whether it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        path.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)

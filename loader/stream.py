@@ -1,0 +1,297 @@
+"""Read a remote shard as consecutive byte ranges, a few requests ahead, resuming where a request broke.
+
+A shard is fetched in chunks, one ranged GET each (``fs.cat_file(path, start, end)``), with
+``readahead`` of them in flight: the first sample is read as soon as the first chunk is in, long
+before the whole shard has arrived, and the latency of each request hides behind the reading of the
+chunks before it. Any fsspec file system that serves byte ranges works (S3, GCS, HTTP, Azure...).
+
+A request that fails with a transient error (connection reset or cut short, timeout, HTTP 5xx, 408
+or 429) is repeated for the same range after a backoff, so the stream resumes at the first byte it
+does not hold: bytes already handed to the reader are never fetched or handed out again, so a broken
+connection neither restarts the shard nor repeats a sample. A range that still fails after
+:attr:`RetryPolicy.attempts` tries raises :class:`~imgshards.loader.errors.ShardReadError` naming
+the shard, the byte range and the last error; an error retrying cannot fix (missing object, no
+permission, another 4xx) raises it at once.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ShardReadError
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "Fetch", "RangeReader", "RetryPolicy", "is_transient"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 8 << 20
+# Fetch threads per process, shared by every open stream of that process (a DataLoader worker reads
+# up to 16 shards at once while it interleaves them).
+_FETCH_THREADS = 16
+
+Fetch = Callable[[int, int], bytes]
+"""``fetch(start, end)`` returns bytes ``[start, end)`` of one object."""
+
+# Errors that retrying cannot fix. Everything else (OSError, timeouts, the HTTP client's payload and
+# connection errors, 5xx responses) counts as transient.
+_PERMANENT: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ShardReadError,
+    TypeError,
+    ValueError,
+)
+_RETRYABLE_STATUS = frozenset({408, 429})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How often and how patiently a failing byte range is fetched again.
+
+    Attributes:
+        attempts: Tries per range, the first included, before the shard counts as unreadable.
+        backoff: Seconds before the first retry; doubled before each next one.
+        max_backoff: Longest wait between two tries.
+
+    """
+
+    attempts: int = 6
+    backoff: float = 0.25
+    max_backoff: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, got {self.attempts}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError(f"backoff times must be >= 0, got {self.backoff}, {self.max_backoff}")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failed try."""
+        return min(self.max_backoff, self.backoff * 2 ** (failures - 1))
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether fetching the same range again may succeed."""
+    status = getattr(error, "status", None)  # aiohttp.ClientResponseError
+    if isinstance(status, int) and 400 <= status < 500:
+        return status in _RETRYABLE_STATUS
+    return not isinstance(error, _PERMANENT)
+
+
+class RangeReader(io.RawIOBase):
+    """A read-only, seekable raw stream over one object of known size, fetched in ranged requests.
+
+    Wrap it in :class:`io.BufferedReader` for small reads. Seeking past the chunks in flight drops
+    them and starts fetching at the new position, so skipping most of a shard costs no transfer.
+
+    Args:
+        fetch: Returns bytes ``[start, end)`` of the object (called from fetch threads).
+        size: The object's size in bytes (from the index: no request is spent on it).
+        name: The shard as named in errors (its URL).
+        chunk_size: Bytes per request.
+        readahead: Requests in flight ahead of the read position.
+        retry: How a failing request is repeated.
+
+    """
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        size: int,
+        *,
+        name: str,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        readahead: int = 2,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        super().__init__()
+        if chunk_size < 1 or readahead < 1:
+            raise ValueError(f"chunk_size and readahead must be >= 1, got {chunk_size}, {readahead}")
+        self._fetch = fetch
+        self._size = size
+        self.name = name
+        self._chunk_size = chunk_size
+        self._readahead = readahead
+        self._retry = retry or RetryPolicy()
+        self._pos = 0
+        self._buf = memoryview(b"")
+        self._buf_start = 0
+        self._pending: deque[tuple[int, int, Future[bytes]]] = deque()
+        self._next = 0  # first byte not yet requested
+        self.retries = 0  # failed tries that were repeated, over the life of the stream
+
+    # ---- io.RawIOBase -------------------------------------------------------------------------
+
+    def readable(self) -> bool:
+        """Return True."""
+        return True
+
+    def seekable(self) -> bool:
+        """Return True: any position can be read (one outside what is in flight starts a new request)."""
+        return True
+
+    def tell(self) -> int:
+        """Return the read position."""
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move the read position; no request is made until the next read."""
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset} in {self.name}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        """Read into ``b`` until it is full or the object ends, waiting for chunks as needed."""
+        out = memoryview(b).cast("B")
+        n = 0
+        while n < len(out) and self._pos < self._size:
+            chunk = self._chunk_at(self._pos)
+            offset = self._pos - self._buf_start
+            take = min(len(out) - n, len(chunk) - offset)
+            out[n : n + take] = chunk[offset : offset + take]
+            n += take
+            self._pos += take
+        return n
+
+    def close(self) -> None:
+        """Drop the requests in flight (those already running finish in their threads)."""
+        for _, _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._buf = memoryview(b"")
+        super().close()
+
+    # ---- whole chunks, for writing a shard into the cache -------------------------------------
+
+    def chunks(self) -> Iterator[memoryview]:
+        """Yield the rest of the object from the current position, one fetched chunk at a time."""
+        while self._pos < self._size:
+            chunk = self._chunk_at(self._pos)
+            piece = chunk[self._pos - self._buf_start :]
+            self._pos += len(piece)
+            yield piece
+
+    # ---- fetching -----------------------------------------------------------------------------
+
+    def _chunk_at(self, pos: int) -> memoryview:
+        """The fetched chunk holding byte ``pos`` (which is below the size)."""
+        if self._buf_start <= pos < self._buf_start + len(self._buf):
+            return self._buf
+        while self._pending and self._pending[0][1] <= pos:  # chunks seeked past
+            self._pending.popleft()[2].cancel()
+        if not self._pending or self._pending[0][0] > pos:  # a seek outside what is in flight
+            for _, _, future in self._pending:
+                future.cancel()
+            self._pending.clear()
+            self._next = pos
+        self._request()
+        start, _, future = self._pending.popleft()
+        self._request()  # keep `readahead` requests in flight while this one is read
+        self._buf, self._buf_start = memoryview(future.result()), start
+        return self._buf
+
+    def _request(self) -> None:
+        while len(self._pending) < self._readahead and self._next < self._size:
+            start, end = self._next, min(self._next + self._chunk_size, self._size)
+            self._pending.append((start, end, _pool().submit(self._fetch_range, start, end)))
+            self._next = end
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        failures = 0
+        while True:
+            try:
+                data = self._fetch(start, end)
+            except Exception as e:
+                if not is_transient(e):
+                    raise ShardReadError(
+                        f"cannot read bytes {start}-{end} of shard {self.name}: {_describe(e)}",
+                        shard=self.name,
+                    ) from e
+                error: BaseException = e
+            else:
+                if len(data) == end - start:
+                    return data
+                if len(data) > end - start:
+                    raise ShardReadError(
+                        f"asked for bytes {start}-{end} of shard {self.name}, got {len(data)} bytes: "
+                        "the server does not honour range requests",
+                        shard=self.name,
+                    )
+                error = EOFError(f"got {len(data)} of {end - start} bytes")
+            failures += 1
+            if failures >= self._retry.attempts:
+                raise ShardReadError(
+                    f"shard {self.name}: reading bytes {start}-{end} failed {failures} times; last "
+                    f"error: {_describe(error)}",
+                    shard=self.name,
+                ) from error
+            self.retries += 1
+            log.info("retrying bytes %d-%d of %s after %s", start, end, self.name, _describe(error))
+            time.sleep(self._retry.delay(failures))
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+class _FetchPool:
+    """Daemon threads that run fetches (daemons: a process exits without waiting for a stalled GET)."""
+
+    def __init__(self, threads: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
+        for i in range(threads):
+            threading.Thread(target=self._work, name=f"imgshards-fetch-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:
+                future.set_exception(e)
+
+
+_pools: dict[int, _FetchPool] = {}
+_pools_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _pool() -> _FetchPool:
+    """Return this process's fetch pool (a forked DataLoader worker makes its own: threads do not fork)."""
+    pid = os.getpid()
+    with _pools_lock:
+        if pid not in _pools:
+            _pools.clear()
+            _pools[pid] = _FetchPool(_FETCH_THREADS)
+        return _pools[pid]
