@@ -194,7 +194,7 @@ def _print_point(point: BenchPoint) -> None:
     if point.speedup is not None:
         rows[-1].append(f"imgshards {point.speedup:.2f}x")
     rows.append(["startup (to the first batch)", *(f"{r.startup_s:.2f} s" for r in runs)])
-    rows.append(["timed", *(f"{r.batches:,} batches, {r.seconds:.1f} s, {r.passes} pass(es)" for r in runs)])
+    rows.append(["timed", *(_timed(r) for r in runs)])
     rows.append(["per worker images/s", *(_per_worker(r) for r in runs)])
     rows.append(["one worker flat out", *(f"{r.images_per_busy_s:,.0f} images/s" for r in runs)])
     rows.append(["workers busy", *(f"{r.busy_share:.0%} of the time" for r in runs)])
@@ -233,6 +233,10 @@ def _print_scaling(report: BenchReport) -> None:
             row += [f"{p.imagefolder.images_per_s:,.0f}", f"{p.speedup or 0:.2f}x"]
         rows.append(row)
     _print_table(rows)
+
+
+def _timed(r: RunResult) -> str:
+    return f"{r.batches:,} batches in {r.seconds:.1f} s, {r.passes} pass{'es' * (r.passes != 1)}"
 
 
 def _per_worker(r: RunResult) -> str:

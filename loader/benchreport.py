@@ -101,12 +101,16 @@ class Verdict:
     """Whether a training step of the simulated cost would wait for data, and by how much.
 
     ``factor``: for ``"loader"``, how many times more images a second the model could take than the
-    loader delivered; for ``"compute"``, about how many times what the model takes the loader could
-    feed (delivered rate over the workers' busy share: an estimate, low when workers outnumber cores).
+    loader delivered; for ``"compute"``, how many times faster a model could be before the loader
+    limits it, estimated as the delivered rate over the workers' busy share. That estimate is an upper
+    bound: it assumes a worker runs as fast fully loaded as when mostly idle, and workers busy all
+    the time slow each other down where they share cores (with each other, the training process or
+    other jobs).
     """
 
     bound: Literal["loader", "compute"]
     wait_share: float
+    busy_share: float
     factor: float
     model_images_per_s: float
     delivered_images_per_s: float
@@ -120,6 +124,7 @@ class Verdict:
             return cls(
                 bound="loader",
                 wait_share=run.wait_share,
+                busy_share=run.busy_share,
                 factor=model / delivered if delivered else float("inf"),
                 model_images_per_s=model,
                 delivered_images_per_s=delivered,
@@ -128,6 +133,7 @@ class Verdict:
         return cls(
             bound="compute",
             wait_share=run.wait_share,
+            busy_share=busy,
             factor=delivered / busy / model if busy > 0 else float("inf"),
             model_images_per_s=model,
             delivered_images_per_s=delivered,
@@ -141,8 +147,9 @@ class Verdict:
                 f"the loader delivers {self.delivered_images_per_s:,.0f} ({self.factor:.1f}x short)"
             )
         return (
-            f"compute-bound: {waited}; the loader could feed about {self.factor:.1f}x the "
-            f"{self.model_images_per_s:,.0f} images/s the model takes"
+            f"compute-bound: {waited}; the workers were busy {self.busy_share:.0%} of it: room for a "
+            f"model up to {self.factor:.1f}x faster than {self.model_images_per_s:,.0f} images/s "
+            "(at most: busy workers slow each other where they share cores)"
         )
 
 

@@ -91,7 +91,7 @@ def test_verdict_flips_with_the_model_cost(run, tiny_packed):
     slow = run(*args, tiny_packed, "--model-ms", "250")
     assert fast.exit_code == 0 and slow.exit_code == 0, fast.output + slow.output
     assert "verdict: loader-bound" in fast.stdout and "x short" in fast.stdout
-    assert "verdict: compute-bound" in slow.stdout and "the loader could feed about" in slow.stdout
+    assert "verdict: compute-bound" in slow.stdout and "room for a model up to" in slow.stdout
 
 
 def test_sweep_with_plot(run, tiny_packed, tmp_path):
