@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ from .scan import Reject, ScanResult, scan_tree
 from .verify import hash_file
 from .write import ShardRecord, ShardTask, write_atomic, write_shard
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackResult", "pack"]
+__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "pack"]
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,27 @@ class PackConfig:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class PackHooks:
+    """Where a destination other than the output directory plugs in (see :mod:`.remote`).
+
+    Attributes:
+        stored: Asked about a shard recorded as finished whose file is not in the output directory;
+            True when it is stored elsewhere (uploaded), so it counts as done without a re-hash.
+        on_shard: Called with the path and record of each shard this run writes, once both are
+            committed, in the order they finish.
+
+    """
+
+    stored: Callable[[ShardRecord], bool] = lambda record: False
+    on_shard: Callable[[Path, ShardRecord], None] = lambda path, record: None
+
+
 @dataclass(frozen=True)
 class PackResult:
-    """What a ``pack`` run did."""
+    """What a ``pack`` run did (``dst`` is a URL for a remote destination)."""
 
-    dst: Path
+    dst: Path | str
     split: str
     manifest: Manifest
     shards_written: int
@@ -121,9 +137,15 @@ class PackResult:
 
 
 def pack(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig | None = None
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    config: PackConfig | None = None,
+    *,
+    hooks: PackHooks | None = None,
 ) -> PackResult:
     """Pack the ImageFolder tree ``src`` into WebDataset shards and an index in ``dst``.
+
+    ``dst`` is a local directory; :func:`~imgshards.converter.pack_to_url` packs to a URL.
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree.
@@ -156,7 +178,9 @@ def pack(
             plan = make_plan(scan, seed=config.seed, shard_size=config.shard_size)
             log.info("planned %d shards", plan.num_shards)
             _prepare(dst_path, state, config, src_path, plan)
-            written, reused, records = _write_all(pool, workers, scan, plan, dst_path, state, config, counter)
+            written, reused, records = _write_all(
+                pool, workers, scan, plan, dst_path, state, config, counter, hooks or PackHooks()
+            )
         finally:
             pool.shutdown(cancel_futures=True)
         log.info("wrote %d shards, reused %d, at %.1f s", written, reused, time.perf_counter() - started)
@@ -260,10 +284,10 @@ def _shard_name(split: str, i: int) -> str:
     return f"{split}-{i:06d}.tar"
 
 
-def _recorded(dst: Path, state: Path, name: str) -> ShardRecord | None:
-    """The record of a shard finished by an earlier run, if both the record and the shard exist."""
+def _recorded(state: Path, name: str) -> ShardRecord | None:
+    """The record of a shard finished by an earlier run, if there is one."""
     record_file = state / f"{name}.json"
-    if not record_file.exists() or not (dst / name).exists():
+    if not record_file.exists():
         return None
     return ShardRecord.from_json(json.loads(record_file.read_text()))
 
@@ -277,9 +301,10 @@ def _write_all(
     state: Path,
     config: PackConfig,
     counter: Any,
+    hooks: PackHooks,
 ) -> tuple[int, int, list[ShardRecord]]:
     """Write every shard not already done; check the done ones; return counts and all records."""
-    records = _check_done(pool, plan, dst, state, config.split)
+    records = _check_done(pool, plan, dst, state, config.split, hooks)
     todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
     bar = tqdm(
@@ -327,19 +352,26 @@ def _write_all(
                 record = future.result()
                 write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode())
                 records[in_flight.pop(future)] = record
+                hooks.on_shard(dst / record.name, record)
     return len(todo), reused, [records[i] for i in range(plan.num_shards)]
 
 
 def _check_done(
-    pool: ProcessPoolExecutor, plan: Plan, dst: Path, state: Path, split: str
+    pool: ProcessPoolExecutor, plan: Plan, dst: Path, state: Path, split: str, hooks: PackHooks
 ) -> dict[int, ShardRecord]:
-    """Records of the shards an earlier run finished and that still hash as recorded."""
+    """Records of the shards an earlier run finished that still hash as recorded (or are stored)."""
     pending: dict[Future[str], tuple[int, ShardRecord]] = {}
+    done: dict[int, ShardRecord] = {}
     for i in range(plan.num_shards):
-        record = _recorded(dst, state, _shard_name(split, i))
-        if record is not None:
+        record = _recorded(state, _shard_name(split, i))
+        if record is None:
+            continue
+        if (dst / record.name).exists():
             pending[pool.submit(hash_file, str(dst / record.name))] = (i, record)
-    return {i: record for future, (i, record) in pending.items() if future.result() == record.sha256}
+        elif hooks.stored(record):
+            done[i] = record
+    done.update({i: record for future, (i, record) in pending.items() if future.result() == record.sha256})
+    return done
 
 
 def _write_in_worker(task: ShardTask) -> ShardRecord:
