@@ -10,16 +10,18 @@ import click
 from imgshards.converter import read_manifest
 
 from .options import format_bytes
+from .storage import PathOrURL, storage_option
 
 __all__ = ["info"]
 
 
 @click.command()
-@click.argument("dst", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("dst", type=PathOrURL())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole index as JSON.")
-def info(dst: Path, as_json: bool) -> None:
-    """Describe the packed dataset in DST: classes, splits, shards, class balance, rejects."""
-    manifest = read_manifest(dst)
+@storage_option
+def info(dst: Path | str, as_json: bool, storage_options: dict[str, object]) -> None:
+    """Describe the packed dataset in DST (directory or URL): classes, splits, shards, balance, rejects."""
+    manifest = read_manifest(dst, storage_options=storage_options)
     if as_json:
         click.echo(json.dumps(manifest.to_json(), indent=1))
         return

@@ -6,17 +6,18 @@ from pathlib import Path
 
 import click
 
-from imgshards.converter import DEFAULT_SHARD_SIZE, Check, PackConfig, PackResult
+from imgshards.converter import DEFAULT_SHARD_SIZE, Check, PackConfig, PackResult, pack_to_url
 from imgshards.converter import pack as pack_tree
 
 from .options import ByteSize, format_bytes
+from .storage import PathOrURL, join, storage_option
 
 __all__ = ["pack", "print_summary"]
 
 
 @click.command()
 @click.argument("src", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("dst", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("dst", type=PathOrURL())
 @click.option("--split", default="train", show_default=True, help="Split name; the shards' prefix.")
 @click.option(
     "--shard-size",
@@ -51,20 +52,36 @@ __all__ = ["pack", "print_summary"]
 )
 @click.option("--overwrite", is_flag=True, help="Replace a split packed into DST with other arguments.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
-def pack(src: Path, dst: Path, **options: object) -> None:
+@click.option(
+    "--staging",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="URL DST: local directory for shards before upload [default: a temporary one].",
+)
+@storage_option
+def pack(
+    src: Path, dst: Path | str, staging: Path | None, storage_options: dict[str, object], **options: object
+) -> None:
     """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into WebDataset shards in DST.
 
-    Every file under SRC is either packed or listed, with its reason, in DST/<split>-rejects.jsonl.
-    Run the same command again after a crash to finish the job; the output is the same as an
-    uninterrupted run's.
+    DST is a directory or any fsspec URL (s3://bucket/prefix, gs://...): each shard is uploaded as
+    soon as it is written, the index last. Every file under SRC is either packed or listed, with its
+    reason, in DST/<split>-rejects.jsonl. Run the same command again after a crash to finish the
+    job; the output is the same as an uninterrupted run's.
     """
     if options["quality"] != 90 and options["resize"] is None:
         raise click.UsageError("--quality applies to re-encoded images only; add --resize N")
+    if isinstance(dst, Path) and (staging is not None or storage_options):
+        raise click.UsageError("--staging and --storage-option apply to a URL destination only")
     try:
         config = PackConfig(**options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    print_summary(pack_tree(src, dst, config))
+    if isinstance(dst, str):
+        result = pack_to_url(src, dst, config, storage_options=storage_options, staging=staging)
+    else:
+        result = pack_tree(src, dst, config)
+    print_summary(result)
 
 
 def print_summary(result: PackResult) -> None:
@@ -82,9 +99,8 @@ def print_summary(result: PackResult) -> None:
     )
     if info.rejects_total:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
-        click.echo(
-            f"  rejected {info.rejects_total:,} files ({reasons}): see {result.dst / str(info.rejects_file)}"
-        )
+        where = join(result.dst, str(info.rejects_file))
+        click.echo(f"  rejected {info.rejects_total:,} files ({reasons}): see {where}")
     else:
         click.echo("  no file rejected")
     empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]

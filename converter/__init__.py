@@ -1,12 +1,13 @@
 """Pack an ImageFolder tree into WebDataset tar shards with a label index; verify and describe them.
 
-``converter`` needs no torch: it imports numpy, Pillow and tqdm only.
+``converter`` needs no torch: it imports numpy, Pillow and tqdm only (and fsspec, for a URL only).
 """
 
 from .check import Check, Reason
 from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from .pack import DEFAULT_SHARD_SIZE, PackConfig, PackResult, pack
+from .pack import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult, pack
+from .remote import pack_to_url, verify_url
 from .scan import IMG_EXTENSIONS, ScanResult, scan_tree
 from .synthetic import make_synthetic_tree
 from .verify import ShardProblem, VerifyReport, verify
@@ -21,6 +22,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "PackConfig",
+    "PackHooks",
     "PackResult",
     "Reason",
     "ScanResult",
@@ -31,7 +33,9 @@ __all__ = [
     "VerifyReport",
     "make_synthetic_tree",
     "pack",
+    "pack_to_url",
     "read_manifest",
     "scan_tree",
     "verify",
+    "verify_url",
 ]

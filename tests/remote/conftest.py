@@ -216,7 +216,16 @@ def index_keys():
     return keys_of
 
 
+REMOTE_SHARD_SIZE = 30_000
+
+
 @pytest.fixture(scope="session")
-def remote_packed(tree_factory, packed_factory) -> Path:
-    """A dataset of 6 classes x 20 tiny JPEGs in several shards of ~30 kB (do not modify it)."""
-    return packed_factory(tree_factory(classes=6, per_class=20, seed=3), shard_size=30_000)
+def remote_tree(tree_factory) -> Path:
+    """6 classes x 20 tiny real JPEGs (do not modify it)."""
+    return tree_factory(classes=6, per_class=20, seed=3)
+
+
+@pytest.fixture(scope="session")
+def remote_packed(remote_tree, packed_factory) -> Path:
+    """``remote_tree`` packed locally into shards of ~30 kB (do not modify it)."""
+    return packed_factory(remote_tree, shard_size=REMOTE_SHARD_SIZE)

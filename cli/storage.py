@@ -1,0 +1,71 @@
+"""Command-line pieces for URL destinations: a path-or-URL argument and ``--storage-option``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from imgshards.converter.manifest import is_url
+
+__all__ = ["PathOrURL", "join", "storage_option"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PathOrURL(click.ParamType):
+    """A local directory (as ``click.Path(file_okay=False)``) or an fsspec URL, kept as a string."""
+
+    name = "path_or_url"
+
+    def __init__(self) -> None:
+        self._path = click.Path(path_type=Path, file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        """Return a URL as it is (``click.Path`` would fold its ``//``), a path as a ``Path``."""
+        if isinstance(value, str) and is_url(value):
+            return value.rstrip("/")
+        return self._path.convert(value, param, ctx)
+
+
+def join(root: Path | str, name: str) -> Path | str:
+    """``root / name`` for a path or a URL."""
+    return f"{root}/{name}" if isinstance(root, str) else root / name
+
+
+def storage_option(command: F) -> F:
+    """Add ``-o/--storage-option KEY=VALUE`` (repeatable), parsed into ``storage_options``."""
+    return click.option(
+        "-o",
+        "--storage-option",
+        "storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_parse,
+        help="Option of the URL's fsspec file system, e.g. endpoint_url=http://127.0.0.1:9000 "
+        "(repeatable; VALUE is JSON if it parses, else a string; a.b=VALUE nests). Credentials come "
+        "from fsspec's and the cloud SDK's usual configuration.",
+    )(command)
+
+
+def _parse(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx, param)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = options
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise click.BadParameter(f"{key!r} nests under a key that has a value", ctx, param)
+        node[leaf] = value
+    return options

@@ -1,0 +1,417 @@
+"""Pack to a URL and verify a dataset at a URL (``s3://``, ``gs://``, any fsspec file system).
+
+``pack_to_url`` runs the ordinary :func:`~.pack.pack` into a local *staging* directory and uploads
+each shard as soon as it is committed there (then deletes the local copy, so staging holds only the
+shards in flight). The remote layout is the local one, the pack state included::
+
+    URL/index.json  URL/_info.json  URL/{split}-000000.tar ...  URL/{split}-rejects.jsonl
+    URL/.imgshards/{split}/plan.json  URL/.imgshards/{split}/{split}-000000.tar.json ...
+
+Order of the writes, so that no reader ever follows the index to a shard that is not whole:
+
+1. ``plan.json`` (after removing the records of a different, earlier plan);
+2. each shard as it is committed locally, then its record: a record on the remote marks its shard
+   as uploaded whole;
+3. once every shard is up: shards of the split that the plan no longer names are removed, then the
+   rejects file, ``_info.json``, and ``index.json`` last.
+
+Uploads are atomic: an object store (S3, GCS, Azure) makes a PUT (multipart included) visible whole
+under its name or not at all; on other file systems a file is uploaded under a hidden temporary
+name, then moved.
+
+Resume: a re-run first copies the remote ``index.json``, plan and records into staging, so ``pack``
+sees the earlier run's state: a shard with a remote record and an object of the recorded size is
+done (neither re-written nor re-uploaded); one written to a kept staging directory but not
+uploaded is hashed there and uploaded. Pack splits into one URL one after the other: there is no
+lock on a remote destination (the last index written would drop a split packed meanwhile, except
+that the index is re-read and merged just before it is written).
+
+fsspec is imported by these functions only; ``import imgshards.converter`` does not need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import DestinationError, ManifestError
+from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
+from .pack import STATE_DIR, PackConfig, PackHooks, PackResult, pack
+from .verify import ShardProblem, VerifyReport, _HashingReader
+from .write import ShardRecord
+
+__all__ = ["pack_to_url", "verify_url"]
+
+# Protocols whose PUT is atomic (a partial object never appears under the final name).
+_ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
+_UPLOAD_THREADS = 4
+_UPLOAD_ATTEMPTS = 4
+_READ_BLOCK = 8 << 20
+T = TypeVar("T")
+
+
+def pack_to_url(
+    src: str | os.PathLike[str],
+    url: str,
+    config: PackConfig | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
+) -> PackResult:
+    """Pack the ImageFolder tree ``src`` into shards and an index at ``url``, uploading as it goes.
+
+    Args:
+        src: The ImageFolder tree.
+        url: Destination, any fsspec URL (``s3://bucket/prefix``...).
+        config: How to pack, as for :func:`~imgshards.converter.pack`.
+        storage_options: Options of the destination's fsspec file system (endpoint, credentials).
+        staging: Local directory where shards are written before upload; default a temporary
+            directory, removed at the end. Needs room for the shards in flight only.
+
+    Raises:
+        SourceError: ``src`` is not a usable ImageFolder tree.
+        DestinationError: ``url`` holds a conflicting pack, or an upload kept failing.
+
+    """
+    config = config or PackConfig()
+    remote = _Remote(url, storage_options or {})
+    own_staging = staging is None
+    stage = Path(tempfile.mkdtemp(prefix="imgshards-pack-")) if staging is None else Path(staging)
+    stage.mkdir(parents=True, exist_ok=True)
+    try:
+        with _Uploader(remote, stage, config) as uploader:
+            try:
+                result = pack(
+                    src, stage, config, hooks=PackHooks(stored=uploader.stored, on_shard=uploader.upload)
+                )
+            except DestinationError as e:  # name the URL, not the staging directory
+                raise DestinationError(str(e).replace(str(stage.resolve()), url)) from None
+            manifest = uploader.finish(result)
+    finally:
+        if own_staging:
+            shutil.rmtree(stage, ignore_errors=True)
+    return replace(result, dst=remote.url, manifest=manifest)
+
+
+def verify_url(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    splits: list[str] | None = None,
+    workers: int | None = None,
+) -> VerifyReport:
+    """Like :func:`~imgshards.converter.verify`, for a dataset at a URL: every shard is streamed once.
+
+    Raises:
+        ManifestError: the index is missing or unreadable.
+
+    """
+    remote = _Remote(url, storage_options or {})
+    manifest = read_manifest(url, storage_options=storage_options)
+    names = splits or sorted(manifest.splits)
+    jobs = [(name, shard) for name in names for shard in manifest.split(name).shards]
+    problems: list[ShardProblem] = []
+    per_split: dict[str, Counter[int]] = {name: Counter() for name in names}
+    # Threads: the work is waiting on the network and hashing, which releases the GIL.
+    with ThreadPoolExecutor(min(workers or 8, max(1, len(jobs)))) as pool:
+        futures = [pool.submit(_check_remote_shard, remote, s, len(manifest.classes)) for _, s in jobs]
+        for (split, shard), future in zip(jobs, futures, strict=True):
+            found, labels = future.result()
+            problems.extend(ShardProblem(split, shard.name, p) for p in found)
+            per_split[split].update(labels)
+    for name in names:
+        counts = tuple(per_split[name].get(i, 0) for i in range(len(manifest.classes)))
+        if counts != manifest.split(name).class_counts and not any(p.split == name for p in problems):
+            problems.append(ShardProblem(name, "*", "per-class counts differ from the index"))
+    samples = sum(manifest.split(n).samples for n in names)
+    return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
+
+
+def _check_remote_shard(
+    remote: _Remote, expected: ShardInfo, num_classes: int
+) -> tuple[list[str], Counter[int]]:
+    """Problems of one remote shard (as :mod:`.verify` finds them locally), and its labels."""
+    labels: Counter[int] = Counter()
+    keys: set[str] = set()
+    problems: list[str] = []
+    try:
+        with remote.fs.open(remote.path(expected.name), "rb", block_size=_READ_BLOCK) as f:
+            reader = _HashingReader(f)
+            try:
+                with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
+                    for member in tar:
+                        key, _, ext = member.name.partition(".")
+                        keys.add(key)
+                        if ext == "cls":
+                            data = tar.extractfile(member)
+                            label = int(data.read()) if data else -1
+                            if not 0 <= label < num_classes:
+                                problems.append(
+                                    f"sample {key} has label {label}, outside 0..{num_classes - 1}"
+                                )
+                            labels[label] += 1
+            except (tarfile.TarError, ValueError) as e:
+                problems.append(f"unreadable tar ({e})")
+            reader.drain()
+    except FileNotFoundError:
+        return [f"missing (expected {expected.bytes} bytes)"], labels
+    if reader.size != expected.bytes:
+        problems.append(f"{reader.size} bytes, index says {expected.bytes}")
+    if reader.sha.hexdigest() != expected.sha256:
+        problems.append("SHA-256 differs from the index: the file changed or is damaged")
+    if len(keys) != expected.samples or sum(labels.values()) != expected.samples:
+        problems.append(f"{len(keys)} samples, index says {expected.samples}")
+    return problems, labels
+
+
+class _Remote:
+    """The destination's file system and root, with atomic uploads and retried calls."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
+        from fsspec.core import url_to_fs
+
+        self.url = url.rstrip("/")
+        try:
+            self.fs, root = url_to_fs(self.url, **storage_options)
+        except ImportError as e:  # fsspec names the package the protocol needs
+            raise DestinationError(f"cannot use {url}: {e}") from e
+        self.root = root.rstrip("/")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.atomic_put = bool(_ATOMIC_PUT.intersection(protocols))
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def sizes(self, folder: str = "") -> dict[str, int]:
+        """Name -> size of the files directly in ``folder`` (relative to the root); {} if none."""
+        path = self.path(folder).rstrip("/")
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {
+            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+            for e in entries
+            if e.get("type") != "directory"
+        }
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return bytes(self._retry(f"read {name}", lambda: self.fs.cat_file(self.path(name))))
+        except FileNotFoundError:
+            return None
+
+    def put_file(self, local: Path, name: str) -> None:
+        """Upload ``local`` to ``name`` so that no partial file ever shows under that name."""
+        final = self.path(name)
+        if self.atomic_put:
+            self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), final))
+            return
+        folder, _, base = name.rpartition("/")
+        tmp = self.path(f"{folder}/.{base}.partial" if folder else f".{base}.partial")
+        self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
+        self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        with tempfile.NamedTemporaryFile(prefix="imgshards-upload-") as f:
+            f.write(data)
+            f.flush()
+            self.put_file(Path(f.name), name)
+
+    def remove(self, names: list[str]) -> None:
+        if names:
+            self._retry("remove", lambda: self.fs.rm([self.path(n) for n in names]))
+
+    def _retry(self, what: str, call: Callable[[], T]) -> T:
+        for attempt in range(1, _UPLOAD_ATTEMPTS + 1):
+            try:
+                return call()
+            except (FileNotFoundError, PermissionError):
+                raise
+            except Exception as e:  # the file system's own errors (botocore, aiohttp...): retried
+                if attempt == _UPLOAD_ATTEMPTS:
+                    raise DestinationError(
+                        f"cannot {what} at {self.url} after {attempt} tries: {type(e).__name__}: {e}"
+                    ) from e
+                time.sleep(0.5 * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+
+class _Uploader:
+    """Mirrors the remote pack state into staging, uploads shards as pack commits them, then the index."""
+
+    def __init__(self, remote: _Remote, stage: Path, config: PackConfig) -> None:
+        self.remote, self.stage, self.split = remote, stage, config.split
+        self.state = f"{STATE_DIR}/{config.split}"
+        self.pool = ThreadPoolExecutor(_UPLOAD_THREADS, thread_name_prefix="imgshards-upload")
+        self.pending: set[Future[None]] = set()
+        self.started = False
+        self.sizes = remote.sizes()
+        records = [n for n in remote.sizes(self.state) if n.endswith(".json") and n != "plan.json"]
+        self.records = {n.removesuffix(".json") for n in records}
+        self.remote_plan = remote.read(f"{self.state}/plan.json")
+        self.remote_index = remote.read(INDEX_NAME)
+        self._mirror(config, records)
+
+    def __enter__(self) -> _Uploader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- before pack --------------------------------------------------------------------------
+
+    def _mirror(self, config: PackConfig, records: list[str]) -> None:
+        """Copy the remote index, plan and records into staging, where pack reads its state."""
+        state = self.stage / STATE_DIR / self.split
+        state.mkdir(parents=True, exist_ok=True)
+        ours = sorted(n for n in self.sizes if n.startswith(f"{self.split}-") and n.endswith(".tar"))
+        known = self.remote_plan is not None or (
+            self.remote_index is not None and self.split in _splits(self.remote_index)
+        )
+        if ours and not known and not config.overwrite:
+            raise DestinationError(
+                f"{self.remote.url} already holds {len(ours)} shards of split {self.split!r} not made by "
+                "an interrupted run of this command; pass --overwrite to replace them, or choose another "
+                "destination"
+            )
+        _replace(self.stage / INDEX_NAME, self.remote_index)
+        if self.remote_plan is not None:
+            (state / "plan.json").write_bytes(self.remote_plan)
+        paths = [self.remote.path(f"{self.state}/{n}") for n in records]
+        for path, data in (self.remote.fs.cat(paths, on_error="omit") if paths else {}).items():
+            (state / path.rsplit("/", 1)[-1]).write_bytes(data)
+
+    def stored(self, record: ShardRecord) -> bool:
+        """Whether the shard of ``record`` is uploaded whole (pack skips it)."""
+        return record.name in self.records and self.sizes.get(record.name) == record.bytes
+
+    # ---- while pack runs ----------------------------------------------------------------------
+
+    def upload(self, path: Path, record: ShardRecord) -> None:
+        """Queue a committed shard for upload; wait while too many are queued (staging stays small)."""
+        self._start()
+        self._reap(block=len(self.pending) >= 2 * _UPLOAD_THREADS)
+        self.pending.add(self.pool.submit(self._upload_shard, path, record))
+
+    def _start(self) -> None:
+        """Before the first shard goes up: a new plan replaces the old records, and the index."""
+        if self.started:
+            return
+        self.started = True
+        plan = (self.stage / self.state / "plan.json").read_bytes()
+        if plan != self.remote_plan:
+            self.remote.remove(sorted(f"{self.state}/{n}.json" for n in self.records))
+            self.records.clear()
+            index = self.stage / INDEX_NAME
+            if index.exists() and index.read_bytes() != self.remote_index:  # --overwrite dropped the split
+                self.remote.put_file(self.stage / TIMM_INFO_NAME, TIMM_INFO_NAME)
+                self.remote.put_file(index, INDEX_NAME)
+            self.remote.put_bytes(f"{self.state}/plan.json", plan)
+
+    def _upload_shard(self, path: Path, record: ShardRecord) -> None:
+        self.remote.put_file(path, record.name)
+        size = int(self.remote.fs.info(self.remote.path(record.name))["size"])
+        if size != record.bytes:
+            raise DestinationError(
+                f"uploaded {record.name} to {self.remote.url} but it is {size} bytes there, not "
+                f"{record.bytes}; run the same command again"
+            )
+        self.remote.put_bytes(f"{self.state}/{record.name}.json", json.dumps(record.to_json()).encode())
+        self.sizes[record.name] = record.bytes
+        self.records.add(record.name)
+        path.unlink()
+
+    def _reap(self, *, block: bool) -> None:
+        if block:
+            done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+        else:
+            done = {f for f in self.pending if f.done()}
+        for future in done:
+            self.pending.discard(future)
+            future.result()  # an upload that kept failing stops the pack here
+
+    # ---- after pack ---------------------------------------------------------------------------
+
+    def finish(self, result: PackResult) -> Manifest:
+        """Upload what is left, remove shards the plan no longer names, write the index last."""
+        self._start()
+        while self.pending:
+            self._reap(block=True)
+        for shard in result.info.shards:  # written to a kept staging directory by an earlier run
+            local = self.stage / shard.name
+            if local.exists() and shard.name not in self.records:
+                record = ShardRecord.from_json(
+                    json.loads((self.stage / self.state / f"{shard.name}.json").read_text())
+                )
+                self.pending.add(self.pool.submit(self._upload_shard, local, record))
+        while self.pending:
+            self._reap(block=True)
+        missing = [s.name for s in result.info.shards if not self.stored(_as_record(s))]
+        if missing:
+            raise DestinationError(
+                f"shards {missing[:3]} of {self.remote.url} are neither uploaded nor in staging; "
+                "run the same command again"
+            )
+        names = {s.name for s in result.info.shards}
+        stale = [n for n in self.remote.sizes() if _is_shard_of(n, self.split) and n not in names]
+        records = self.remote.sizes(self.state)
+        self.remote.remove(stale + [f"{self.state}/{n}.json" for n in stale if f"{n}.json" in records])
+        rejects = result.info.rejects_file
+        if rejects:
+            self.remote.put_file(self.stage / rejects, rejects)
+        manifest = self._merged(result.manifest)
+        self.remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
+        self.remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
+        return manifest
+
+    def _merged(self, ours: Manifest) -> Manifest:
+        """Return this split folded into the remote index as it is now (another split may have landed)."""
+        text = self.remote.read(INDEX_NAME)
+        if text is None:
+            return Manifest(ours.classes, {self.split: ours.split(self.split)})
+        try:
+            current = Manifest.from_json(json.loads(text), where=f"{self.remote.url}/{INDEX_NAME}")
+        except (ManifestError, json.JSONDecodeError):
+            current = Manifest(ours.classes, {})
+        others = {k: v for k, v in current.splits.items() if k != self.split}
+        if others and current.classes != ours.classes:
+            raise DestinationError(
+                f"split(s) {sorted(others)} packed into {self.remote.url} meanwhile have other classes; "
+                f"split {self.split!r} is uploaded but not in the index: pack into another destination"
+            )
+        return Manifest(ours.classes, {**others, self.split: ours.split(self.split)})
+
+
+def _as_record(shard: ShardInfo) -> ShardRecord:
+    return ShardRecord(shard.name, shard.samples, shard.bytes, shard.sha256, {}, ())
+
+
+def _is_shard_of(name: str, split: str) -> bool:
+    number = name.removeprefix(f"{split}-").removesuffix(".tar")
+    return name.startswith(f"{split}-") and name.endswith(".tar") and number.isdigit()
+
+
+def _splits(index: bytes) -> set[str]:
+    try:
+        return set(json.loads(index).get("splits") or {})
+    except (json.JSONDecodeError, AttributeError):
+        return set()
+
+
+def _replace(path: Path, data: bytes | None) -> None:
+    if data is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_bytes(data)
