@@ -236,7 +236,8 @@ def _print_scaling(report: BenchReport) -> None:
 
 
 def _timed(r: RunResult) -> str:
-    return f"{r.batches:,} batches in {r.seconds:.1f} s, {r.passes} pass{'es' * (r.passes != 1)}"
+    halves = f" (2 halves, {r.segments} runs)" if r.segments > 1 else ""
+    return f"{r.batches:,} batches in {r.seconds:.1f} s, {r.passes} pass{'es' * (r.passes != 1)}{halves}"
 
 
 def _per_worker(r: RunResult) -> str:

@@ -6,7 +6,9 @@ type converts to plain JSON values (``to_json``), derived figures included.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,6 +47,46 @@ class RunResult:
     peak_rss_workers: list[int | None]
     pss_total: int | None
     evicted_bytes: int | None = None
+    segments: int = 1
+
+    @classmethod
+    def combine(cls, parts: Sequence[RunResult]) -> RunResult:
+        """Add up runs of one pipeline and worker count (the halves of a bench's schedule) into one."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        batches = sum(p.batches for p in parts)
+
+        def by_batch(values: Iterable[float]) -> float:  # one ready sample per timed batch
+            return (
+                sum(v * p.batches for v, p in zip(values, parts, strict=True)) / batches if batches else 0.0
+            )
+
+        return cls(
+            pipeline=first.pipeline,
+            workers=first.workers,
+            prefetch_factor=first.prefetch_factor,
+            startup_s=sum(p.startup_s for p in parts) / len(parts),
+            seconds=sum(p.seconds for p in parts),
+            batches=batches,
+            images=sum(p.images for p in parts),
+            passes=max(p.passes for p in parts),
+            stage_seconds={k: sum(p.stage_seconds[k] for p in parts) for k in first.stage_seconds},
+            worker_images=[sum(n) for n in zip(*(p.worker_images for p in parts), strict=True)],
+            worker_busy_s=[sum(s) for s in zip(*(p.worker_busy_s for p in parts), strict=True)],
+            ready_mean=by_batch(p.ready_mean for p in parts),
+            ready_max=max(p.ready_max for p in parts),
+            ready_none=by_batch(p.ready_none for p in parts),
+            wait_s=sum(p.wait_s for p in parts),
+            step_s=sum(p.step_s for p in parts),
+            peak_rss_main=_largest(p.peak_rss_main for p in parts),
+            peak_rss_workers=[
+                _largest(peaks) for peaks in zip_longest(*(p.peak_rss_workers for p in parts), fillvalue=None)
+            ],
+            pss_total=_largest(p.pss_total for p in parts),
+            evicted_bytes=first.evicted_bytes,
+            segments=sum(p.segments for p in parts),
+        )
 
     @property
     def images_per_s(self) -> float:
@@ -210,6 +252,11 @@ class BenchReport:
                 for p in self.points
             ],
         }
+
+
+def _largest(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _verdict_json(v: Verdict | None) -> dict[str, Any] | None:

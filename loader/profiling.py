@@ -28,9 +28,12 @@ what it measured. How each figure is taken:
 - **Peak memory**: the main process's ``VmHWM`` (restarted at each run where Linux allows), each
   worker's ``VmHWM`` read before the workers stop, and the PSS of all of them at the end
   (:mod:`.procstats`).
-- **Cold cache** (``cold=True``): before each run every shard of the split, and every file under the
-  ImageFolder tree, is dropped from the page cache (``posix_fadvise(DONTNEED)``). Only the first
-  pass over the data is cold; ``RunResult.passes`` says whether a run went further.
+- **Order**: with more than one run (a sweep, a comparison), each runs twice for half its time or
+  batches, in the order A B C C B A, and its halves are added up: a drift of the machine's load
+  over the benchmark (other jobs starting or stopping) then weighs on every run alike.
+- **Cold cache** (``cold=True``): before each run (each half) every shard of the split, and every
+  file under the ImageFolder tree, is dropped from the page cache (``posix_fadvise(DONTNEED)``).
+  Only the first pass over the data is cold; ``RunResult.passes`` says whether a run went further.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -64,6 +67,8 @@ from .presets import PRESETS, Transform, preset
 from .stagetimes import AUGMENT, COLLATE, DECODE, READ, STAGES, StageClock, StageTimes
 
 __all__ = ["BenchConfig", "bench"]
+
+Run = tuple[int, Pipeline]  # (workers, pipeline)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,13 +177,22 @@ def bench(
     if src is not None and config.cold:
         files += procstats.files_under(src)
     rejected = _rejected_paths(root, split.rejects_file, src)
+    pipelines: tuple[Pipeline, ...] = ("imgshards",) if src is None else ("imgshards", "imagefolder")
+    runs = [(workers, pipeline) for workers in config.workers for pipeline in pipelines]
+    parts: dict[tuple[int, Pipeline], list[RunResult]] = {run: [] for run in runs}
+    folder_samples = None
+    for (workers, pipeline), segment in _schedule(runs, config):
+        evicted = _evict(config, files)
+        if src is not None and pipeline == "imagefolder":
+            result, folder_samples = _run_imagefolder(src, rejected, segment, workers, evicted)
+        else:
+            result = _run_shards(root, segment, workers, evicted)
+        parts[(workers, pipeline)].append(result)
     step = config.step_seconds
-    points, folder_samples = [], None
+    points = []
     for workers in config.workers:
-        ours = _run_shards(root, config, workers, _evict(config, files))
-        theirs = None
-        if src is not None:
-            theirs, folder_samples = _run_imagefolder(src, rejected, config, workers, _evict(config, files))
+        ours = RunResult.combine(parts[(workers, "imgshards")])
+        theirs = RunResult.combine(parts[(workers, "imagefolder")]) if src is not None else None
         points.append(
             BenchPoint(
                 workers=workers,
@@ -203,6 +217,23 @@ def bench(
         config=config,
         points=points,
     )
+
+
+def _schedule(runs: list[Run], config: BenchConfig) -> list[tuple[Run, BenchConfig]]:
+    """Order the runs A B C C B A, each with half the bound, when there are several; one runs whole.
+
+    The machine's load can drift over a benchmark (other jobs start or stop): in this order a drift
+    that is linear in time weighs on every run alike, so their ratios hold.
+    """
+    if len(runs) == 1:
+        return [(runs[0], config)]
+    seconds = None if config.seconds is None else config.seconds / 2
+    batches = config.batches
+    first = replace(config, seconds=seconds, batches=None if batches is None else (batches + 1) // 2)
+    if batches is not None and batches // 2 == 0:
+        return [(run, first) for run in runs]  # one batch each: nothing to split
+    second = replace(config, seconds=seconds, batches=None if batches is None else batches // 2)
+    return [(run, first) for run in runs] + [(run, second) for run in reversed(runs)]
 
 
 def _evict(config: BenchConfig, files: Sequence[str]) -> int | None:

@@ -101,6 +101,16 @@ def test_verdict():
     assert edge.bound == "compute"
 
 
+def test_halves_add_up():
+    a = run_result(wait_s=1.0, ready_mean=1.0, peak_rss_workers=[5, None])
+    b = run_result(batches=300, images=19200, wait_s=2.0, ready_mean=3.0, peak_rss_workers=[7, 8])
+    both = RunResult.combine([a, b])
+    assert (both.batches, both.images, both.seconds, both.wait_s, both.segments) == (400, 25600, 20.0, 3.0, 2)
+    assert both.ready_mean == pytest.approx(2.5) and both.peak_rss_workers == [7, 8]
+    assert both.worker_images == [6400, 6400] and both.stage_seconds["decode"] == 4.0
+    assert both.images_per_s == pytest.approx(1280) and RunResult.combine([a]) is a
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -162,12 +172,14 @@ def test_imagefolder_leaves_out_what_pack_rejected(tiny_tree, tmp_path):
     victim.write_bytes(victim.read_bytes()[:100])
     dst = tmp_path / "packed"
     pack(tree, dst, PackConfig(workers=1))
-    config = BenchConfig(workers=(0,), batch_size=8, seconds=None, batches=8, model_ms=1.0)
+    config = BenchConfig(workers=(0,), batch_size=8, seconds=None, batches=12, model_ms=1.0)
     report = bench(dst, config, imagefolder=tree)
     assert report.samples == report.imagefolder_samples == 39
     (point,) = report.points
-    assert point.imagefolder is not None and point.imagefolder.batches == 8
-    assert point.imgshards.passes >= 2  # 8 batches of 8 run past the 5 batches of one pass
+    # Two pipelines: each ran in two halves of 6 timed batches (A B B A).
+    for run in (point.imgshards, point.imagefolder):
+        assert run is not None and run.batches == 12 and run.segments == 2
+    assert point.imgshards.passes >= 2  # 1 + 6 batches of 8 run past the 5 batches of one pass
     assert point.verdict is not None and point.imagefolder_verdict is not None
     as_json = report.to_json()
     assert as_json["points"][0]["verdict"]["text"] == str(point.verdict)
