@@ -208,6 +208,13 @@ def _print_point(point: BenchPoint) -> None:
     if any(r.evicted_bytes is not None for r in runs):
         rows.append(["dropped from page cache", *(_bytes(r.evicted_bytes) for r in runs)])
     _print_table(rows)
+    if point.load_changed and point.imagefolder is not None:
+        click.secho(
+            f"note: the same decoder took {point.imgshards.ms_per_image('decode'):.2f} ms/image in one "
+            f"pipeline's runs and {point.imagefolder.ms_per_image('decode'):.2f} in the other's: the "
+            "machine's load changed while they ran, so their ratio is unreliable; run again, longer",
+            fg="yellow",
+        )
     if point.verdict is not None:
         click.echo(f"verdict: {point.verdict}")
     if point.imagefolder_verdict is not None:
@@ -236,8 +243,8 @@ def _print_scaling(report: BenchReport) -> None:
 
 
 def _timed(r: RunResult) -> str:
-    halves = f" (2 halves, {r.segments} runs)" if r.segments > 1 else ""
-    return f"{r.batches:,} batches in {r.seconds:.1f} s, {r.passes} pass{'es' * (r.passes != 1)}{halves}"
+    halves = f", {r.segments} halves" if r.segments > 1 else ""
+    return f"{r.batches:,} batches, {r.seconds:.1f} s, {r.passes} pass{'es' * (r.passes != 1)}{halves}"
 
 
 def _per_worker(r: RunResult) -> str:
@@ -246,12 +253,9 @@ def _per_worker(r: RunResult) -> str:
 
 
 def _stage(r: RunResult, stage: str) -> str:
-    seconds = r.stage_seconds[stage]
     busy = sum(r.stage_seconds.values())
-    made = sum(r.worker_images)
-    share = seconds / busy if busy else 0.0
-    per_image = seconds / made * 1000 if made else 0.0
-    return f"{share:4.0%}  {per_image:6.2f} ms/image"
+    share = r.stage_seconds[stage] / busy if busy else 0.0
+    return f"{share:4.0%}  {r.ms_per_image(stage):6.2f} ms/image"
 
 
 def _ready(r: RunResult) -> str:

@@ -15,12 +15,24 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .profiling import BenchConfig
 
-__all__ = ["LOADER_BOUND_WAIT", "BenchPoint", "BenchReport", "Pipeline", "RunResult", "Verdict", "plot_sweep"]
+__all__ = [
+    "DECODE_GAP",
+    "LOADER_BOUND_WAIT",
+    "BenchPoint",
+    "BenchReport",
+    "Pipeline",
+    "RunResult",
+    "Verdict",
+    "plot_sweep",
+]
 
 Pipeline = Literal["imgshards", "imagefolder"]
 
 # A training loop that waits for data longer than this share of its time is called loader-bound.
 LOADER_BOUND_WAIT = 0.05
+# Compared pipelines whose decode times per image differ by more than this factor ran under
+# different machine loads (the decoder and the images are the same).
+DECODE_GAP = 1.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +109,11 @@ class RunResult:
     def worker_images_per_s(self) -> list[float]:
         """Images each worker finished per second of the run."""
         return [n / self.seconds if self.seconds > 0 else 0.0 for n in self.worker_images]
+
+    def ms_per_image(self, stage: str) -> float:
+        """Milliseconds of worker time per image spent in ``stage`` (one of ``STAGES``)."""
+        made = sum(self.worker_images)
+        return self.stage_seconds[stage] / made * 1000 if made else 0.0
 
     @property
     def images_per_busy_s(self) -> float:
@@ -212,6 +229,24 @@ class BenchPoint:
             return None
         return self.imgshards.images_per_s / self.imagefolder.images_per_s
 
+    @property
+    def decode_gap(self) -> float | None:
+        """The imgshards decode time per image over ImageFolder's, when compared.
+
+        Both decode the same kind of images with the same decoder, so this is about 1 unless the
+        machine's load changed between their runs (see :data:`DECODE_GAP`).
+        """
+        if self.imagefolder is None:
+            return None
+        ours, theirs = self.imgshards.ms_per_image("decode"), self.imagefolder.ms_per_image("decode")
+        return ours / theirs if theirs else None
+
+    @property
+    def load_changed(self) -> bool:
+        """Whether the decode times of the two pipelines differ enough to distrust their ratio."""
+        gap = self.decode_gap
+        return gap is not None and gap > 0 and max(gap, 1 / gap) > DECODE_GAP
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchReport:
@@ -246,6 +281,8 @@ class BenchReport:
                     "imgshards": p.imgshards.to_json(),
                     "imagefolder": p.imagefolder.to_json() if p.imagefolder else None,
                     "speedup": p.speedup,
+                    "decode_gap": p.decode_gap,
+                    "load_changed": p.load_changed,
                     "verdict": _verdict_json(p.verdict),
                     "imagefolder_verdict": _verdict_json(p.imagefolder_verdict),
                 }

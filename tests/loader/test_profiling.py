@@ -11,7 +11,7 @@ import torch
 
 from imgshards.converter import PackConfig, pack
 from imgshards.loader import ConfigError, ShardDataset, make_loader, procstats, stagetimes
-from imgshards.loader.benchreport import LOADER_BOUND_WAIT, RunResult, Verdict
+from imgshards.loader.benchreport import LOADER_BOUND_WAIT, BenchPoint, RunResult, Verdict
 from imgshards.loader.profiling import BenchConfig, bench
 from imgshards.loader.stagetimes import DECODE, NO_CLOCK, READ, StageTimes
 
@@ -109,6 +109,17 @@ def test_halves_add_up():
     assert both.ready_mean == pytest.approx(2.5) and both.peak_rss_workers == [7, 8]
     assert both.worker_images == [6400, 6400] and both.stage_seconds["decode"] == 4.0
     assert both.images_per_s == pytest.approx(1280) and RunResult.combine([a]) is a
+
+
+def test_a_decode_gap_flags_a_changed_load():
+    ours = run_result()  # 2 s of decode for 6400 images
+    same = BenchPoint(workers=2, imgshards=ours, imagefolder=run_result(images=5000))
+    assert same.decode_gap == pytest.approx(1.0) and not same.load_changed
+    assert same.speedup == pytest.approx(1.28)
+    slower = run_result(stage_seconds={"read": 1.0, "decode": 3.0, "augment": 1.0, "collate": 0.0})
+    changed = BenchPoint(workers=2, imgshards=ours, imagefolder=slower)
+    assert changed.decode_gap == pytest.approx(2 / 3) and changed.load_changed
+    assert BenchPoint(workers=2, imgshards=ours).decode_gap is None
 
 
 @pytest.mark.parametrize(
