@@ -79,9 +79,9 @@ def test_a_broken_request_is_repeated_for_its_range_only(http_serve, tmp_path, b
     assert r.retries == 1
     requested = [(q.start, q.end) for q in state.gets("blob.bin")]
     repeated = [r for r in set(requested) if requested.count(r) > 1]
-    # The third request (the second or third chunk: two are in flight) broke and was made again;
-    # nothing else was, and the shard never restarted from the top.
-    assert repeated in ([(CHUNK, 2 * CHUNK)], [(2 * CHUNK, 3 * CHUNK)])
+    # The third request to arrive (not the first chunk's: the third chunk is asked for once the first
+    # is in) broke and was made again; nothing else was, and the shard never restarted from the top.
+    assert len(repeated) == 1 and repeated[0][0] > 0
     assert len(requested) == len(set(requested)) + 1
 
 

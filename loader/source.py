@@ -1,0 +1,350 @@
+"""Where a split's shards are read from: a local directory, or any fsspec URL with an optional cache.
+
+``ShardSource.open(shard)`` returns a readable, seekable binary file for the tar reader, chosen in
+this order::
+
+    local directory            -> the file itself
+    URL, shard in the cache    -> the cached file (shared-locked while read)
+    URL, shard downloading     -> a tail of the partial file, read as the download writes it
+    URL, room in the cache     -> start the download into the cache, read its tail
+    URL, otherwise             -> a RangeReader streaming the shard (nothing cached)
+
+A download is a thread that streams the shard (see :mod:`.stream`) into a reservation of the cache
+(see :mod:`.cache`), hashing it; the reader reads the partial file as it grows, so the first sample
+comes after the first chunk, not after the whole shard. :meth:`ShardSource.plan` tells the source
+the order in which this worker reads its shards; every :meth:`~ShardSource.open` then starts the
+downloads of the next ``prefetch`` shards of that order in the background.
+
+A source is made in the main process and pickled into DataLoader workers; the file system object,
+the downloads and the threads are made in each process on first use.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from hashlib import sha256
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from imgshards.converter.errors import ManifestError
+from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path
+
+from .cache import Reservation, ShardCache
+from .errors import ConfigError, ShardReadError
+from .stream import DEFAULT_CHUNK_SIZE, RangeReader, RetryPolicy
+
+__all__ = ["ShardSource"]
+
+log = logging.getLogger(__name__)
+
+_READ_BUFFER = 1 << 20
+
+
+class ShardSource:
+    """Opens the shards of a packed dataset at ``root``: a directory, or an fsspec URL.
+
+    Args:
+        root: Directory or URL (``s3://bucket/prefix``, ``gs://...``, ``https://host/path``...) of
+            the packed dataset.
+        storage_options: Passed to the fsspec file system (endpoint, credentials, client
+            options); fsspec's own configuration applies as usual.
+        cache_dir: Directory of the local shard cache (URLs only); None streams every shard.
+        cache_limit: Most bytes the cache directory may hold; required with ``cache_dir``.
+        prefetch: Shards ahead of the reader that are downloaded into the cache in the background.
+        chunk_size: Bytes per ranged request.
+        readahead: Requests in flight per shard being read.
+        retry: How a failing request is repeated.
+
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        prefetch: int = 2,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        readahead: int = 2,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.remote = is_url(root)
+        self.root: str = str(root).rstrip("/") if self.remote else str(local_path(root))
+        if (cache_dir is None) != (cache_limit is None):
+            raise ConfigError("cache_dir and cache_limit go together: pass both (bytes), or neither")
+        if cache_limit is not None and cache_limit < 1:
+            raise ConfigError(f"cache_limit must be a positive number of bytes, got {cache_limit}")
+        if prefetch < 0 or chunk_size < 1 or readahead < 1:
+            raise ConfigError(
+                "need prefetch >= 0, chunk_size >= 1 and readahead >= 1; "
+                f"got {prefetch}, {chunk_size}, {readahead}"
+            )
+        self.storage_options = dict(storage_options or {})
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.cache_limit = cache_limit
+        self.prefetch = prefetch
+        self.chunk_size = chunk_size
+        self.readahead = readahead
+        self.retry = retry or RetryPolicy()
+        self._state: _ProcessState | None = None
+
+    # ---- pickling into workers: no file system, threads or downloads cross ----------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_state": None}
+
+    def _process(self) -> _ProcessState:
+        if self._state is None or self._state.pid != os.getpid():
+            self._state = _ProcessState(self)
+        return self._state
+
+    # ---- naming -------------------------------------------------------------------------------
+
+    def url(self, name: str) -> str:
+        """Where shard ``name`` is: its URL, or its local path."""
+        return f"{self.root}/{name}" if self.remote else str(Path(self.root) / name)
+
+    # ---- what the dataset uses ----------------------------------------------------------------
+
+    def check(self, shards: Sequence[ShardInfo], split: str) -> None:
+        """Raise :class:`ManifestError` if a shard is missing; warn if one has another size.
+
+        Remote: one listing of the root (on HTTP, the links of its index page, which give no sizes).
+        Skipped when the root cannot be listed (a missing shard then fails when it is read).
+        """
+        if self.remote:
+            sizes = self._process().listing()
+            if sizes is None:
+                return
+        else:
+            sizes = {s.name: _local_size(Path(self.url(s.name))) for s in shards}
+            sizes = {name: size for name, size in sizes.items() if size is not None}
+        for shard in shards:
+            if shard.name not in sizes:
+                raise ManifestError(
+                    f"shard {shard.name} of split {split!r} is missing from {self.root}: "
+                    "copy it back, or re-pack the dataset"
+                )
+            size = sizes[shard.name]
+            if size is not None and size != shard.bytes:
+                warnings.warn(
+                    f"shard {self.url(shard.name)} is {size} bytes, the index says {shard.bytes}: "
+                    "truncated or replaced since it was packed; reading it will stop where it breaks",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+
+    def plan(self, shards: Sequence[ShardInfo]) -> None:
+        """Tell the source the order this process reads its shards in, for prefetching."""
+        if self.remote:
+            self._process().plan(shards)
+
+    def open(self, shard: ShardInfo) -> BinaryIO:
+        """Open a shard for reading (see the module docstring for where it is read from)."""
+        if not self.remote:
+            return open(self.url(shard.name), "rb", buffering=_READ_BUFFER)
+        return self._process().open(shard)
+
+
+def _local_size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+class _ProcessState:
+    """A source's file system, cache and downloads in one process."""
+
+    def __init__(self, source: ShardSource) -> None:
+        from fsspec.core import url_to_fs  # the loader needs fsspec for URLs only
+
+        self.pid = os.getpid()
+        self.source = source
+        try:
+            self.fs, self.path = url_to_fs(source.root, **source.storage_options)
+        except ImportError as e:
+            raise ConfigError(f"cannot read {source.root}: {e}") from e
+        self.path = self.path.rstrip("/")
+        self.cache = (
+            ShardCache(source.cache_dir, source.cache_limit)
+            if source.cache_dir is not None and source.cache_limit is not None
+            else None
+        )
+        self.lock = threading.Lock()
+        self.downloads: dict[str, _Download] = {}
+        self.order: list[ShardInfo] = []
+        self.position: dict[str, int] = {}
+        self.furthest = -1
+
+    def listing(self) -> dict[str, int | None] | None:
+        """Name -> size (None if unknown) of the files at the root, or None if it cannot be listed."""
+        try:
+            entries = self.fs.ls(self.path, detail=True)
+        except (OSError, NotImplementedError, ValueError):
+            return None
+        sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
+        return sizes if INDEX_NAME in sizes else None  # else not a listing of this dataset's root
+
+    def plan(self, shards: Sequence[ShardInfo]) -> None:
+        with self.lock:
+            self.order = list(shards)
+            self.position = {s.name: i for i, s in reversed(list(enumerate(self.order)))}
+            self.furthest = -1
+
+    def open(self, shard: ShardInfo) -> BinaryIO:
+        f = self._open(shard)
+        if self.cache is not None and self.source.prefetch:
+            self._prefetch_after(shard)
+        return f
+
+    def _open(self, shard: ShardInfo) -> BinaryIO:
+        if self.cache is not None:
+            cached = self.cache.open(shard.name, shard.sha256)
+            if cached is not None:
+                return cached
+            download = self._download(shard)
+            if download is not None:
+                return io.BufferedReader(_TailReader(download), _READ_BUFFER)
+        return io.BufferedReader(self._stream(shard), _READ_BUFFER)
+
+    def _stream(self, shard: ShardInfo) -> RangeReader:
+        path = f"{self.path}/{shard.name}"
+        return RangeReader(
+            lambda start, end: self.fs.cat_file(path, start=start, end=end),
+            shard.bytes,
+            name=self.source.url(shard.name),
+            chunk_size=self.source.chunk_size,
+            readahead=self.source.readahead,
+            retry=self.source.retry,
+        )
+
+    def _download(self, shard: ShardInfo) -> _Download | None:
+        """Return the download of ``shard`` in this process (started now if there is room), or None."""
+        assert self.cache is not None
+        with self.lock:
+            download = self.downloads.get(shard.name)
+            if download is not None and not download.failed:
+                return download
+            reservation = self.cache.reserve(shard.name, shard.sha256, shard.bytes)
+            if reservation is None:
+                return None
+            download = _Download(self._stream(shard), reservation, shard)
+            self.downloads[shard.name] = download
+            return download
+
+    def _prefetch_after(self, shard: ShardInfo) -> None:
+        assert self.cache is not None
+        with self.lock:
+            self.furthest = max(self.furthest, self.position.get(shard.name, -1))
+            ahead = self.order[self.furthest + 1 : self.furthest + 1 + self.source.prefetch]
+            for name in [n for n, d in self.downloads.items() if d.done]:
+                del self.downloads[name]
+        for nxt in ahead:
+            if not self.cache.path(nxt.name, nxt.sha256).exists():
+                self._download(nxt)
+
+
+class _Download:
+    """A thread streaming one shard into its cache reservation; readers wait on its progress."""
+
+    def __init__(self, stream: RangeReader, reservation: Reservation, shard: ShardInfo) -> None:
+        self.shard = shard
+        self.size = shard.bytes
+        self.path = reservation.partial
+        self.written = 0
+        self.done = False
+        self.error: BaseException | None = None
+        self._stream = stream
+        self._reservation = reservation
+        self._cond = threading.Condition()
+        self._fd = os.open(reservation.partial, os.O_RDONLY | os.O_CLOEXEC)  # valid after the rename
+        threading.Thread(target=self._run, name=f"imgshards-download-{shard.name}", daemon=True).start()
+
+    @property
+    def failed(self) -> bool:
+        return self.done and self.error is not None
+
+    def _run(self) -> None:
+        digest = sha256()
+        try:
+            for chunk in self._stream.chunks():
+                self._reservation.write(chunk)
+                digest.update(chunk)
+                with self._cond:
+                    self.written += len(chunk)
+                    self._cond.notify_all()
+            if digest.hexdigest() == self.shard.sha256:
+                self._reservation.commit()
+            else:
+                self._reservation.abort()
+                warnings.warn(
+                    f"shard {self._stream.name} does not hash as the index says: it changed since it "
+                    "was packed; it is read as it is, and not cached",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+        except BaseException as e:
+            self.error = e
+            self._reservation.abort()
+        finally:
+            self._stream.close()
+            with self._cond:
+                self.done = True
+                self._cond.notify_all()
+
+    def available(self, pos: int) -> int:
+        """Wait until byte ``pos`` is written (or the download ended); return the bytes written."""
+        with self._cond:
+            while self.written <= pos and not self.done:
+                self._cond.wait()
+            if self.written <= pos and self.error is not None:
+                raise ShardReadError(str(self.error), shard=self._stream.name) from self.error
+            return self.written
+
+    def pread(self, buffer: memoryview, pos: int) -> int:
+        return os.preadv(self._fd, [buffer], pos)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+class _TailReader(io.RawIOBase):
+    """Reads a shard from the partial file its download is writing, waiting for bytes not yet there."""
+
+    def __init__(self, download: _Download) -> None:
+        super().__init__()
+        self._download = download
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._download.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        if self._pos >= self._download.size:
+            return 0
+        written = self._download.available(self._pos)
+        out = memoryview(b).cast("B")[: written - self._pos]
+        if not out:
+            return 0  # the download ended short of this byte
+        n = self._download.pread(out, self._pos)
+        self._pos += n
+        return n
