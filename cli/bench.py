@@ -196,8 +196,9 @@ def _print_point(point: BenchPoint) -> None:
     rows.append(["startup (to the first batch)", *(f"{r.startup_s:.2f} s" for r in runs)])
     rows.append(["timed", *(_timed(r) for r in runs)])
     rows.append(["per worker images/s", *(_per_worker(r) for r in runs)])
-    rows.append(["one worker flat out", *(f"{r.images_per_busy_s:,.0f} images/s" for r in runs)])
+    rows.append(["one worker flat out (own core)", *(_flat_out(r) for r in runs)])
     rows.append(["workers busy", *(f"{r.busy_share:.0%} of the time" for r in runs)])
+    rows.append(["workers had a core", *(f"{r.cpu_share:.0%} of busy time" for r in runs)])
     for k, stage in enumerate(runs[0].stage_seconds):
         label = "time in workers: " + stage if k == 0 else " " * len("time in workers: ") + stage
         rows.append([label, *(_stage(r, stage) for r in runs)])
@@ -208,11 +209,13 @@ def _print_point(point: BenchPoint) -> None:
     if any(r.evicted_bytes is not None for r in runs):
         rows.append(["dropped from page cache", *(_bytes(r.evicted_bytes) for r in runs)])
     _print_table(rows)
-    if point.load_changed and point.imagefolder is not None:
+    crowded = [r for r in runs if r.oversubscribed]
+    if crowded:
+        share = min(r.cpu_share for r in crowded)
         click.secho(
-            f"note: the same decoder took {point.imgshards.ms_per_image('decode'):.2f} ms/image in one "
-            f"pipeline's runs and {point.imagefolder.ms_per_image('decode'):.2f} in the other's: the "
-            "machine's load changed while they ran, so their ratio is unreliable; run again, longer",
+            f"note: workers had a core only {share:.0%} of their busy time: this machine runs more busy "
+            "processes than it has cores (other jobs, or more workers than CPUs), so these rates "
+            "understate what the workers do with a core each",
             fg="yellow",
         )
     if point.verdict is not None:
@@ -223,7 +226,7 @@ def _print_point(point: BenchPoint) -> None:
 
 def _print_scaling(report: BenchReport) -> None:
     compare = all(p.imagefolder is not None for p in report.points)
-    rows = [["scaling: workers", "images/s", "vs first", "per worker", "busy"]]
+    rows = [["scaling: workers", "images/s", "vs first", "per worker", "busy", "had a core"]]
     if compare:
         rows[0] += ["ImageFolder", "imgshards / IF"]
     first = report.points[0].imgshards.images_per_s
@@ -235,6 +238,7 @@ def _print_scaling(report: BenchReport) -> None:
             f"{r.images_per_s / first:.2f}x" if first else "-",
             f"{r.images_per_s / max(p.workers, 1):,.0f}",
             f"{r.busy_share:.0%}",
+            f"{r.cpu_share:.0%}",
         ]
         if compare and p.imagefolder is not None:
             row += [f"{p.imagefolder.images_per_s:,.0f}", f"{p.speedup or 0:.2f}x"]
@@ -245,6 +249,10 @@ def _print_scaling(report: BenchReport) -> None:
 def _timed(r: RunResult) -> str:
     halves = f", {r.segments} halves" if r.segments > 1 else ""
     return f"{r.batches:,} batches, {r.seconds:.1f} s, {r.passes} pass{'es' * (r.passes != 1)}{halves}"
+
+
+def _flat_out(r: RunResult) -> str:
+    return f"{r.images_per_busy_s:,.0f} images/s ({r.images_per_cpu_s:,.0f})"
 
 
 def _per_worker(r: RunResult) -> str:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .profiling import BenchConfig
 
 __all__ = [
-    "DECODE_GAP",
+    "CPU_SHARE_LOW",
     "LOADER_BOUND_WAIT",
     "BenchPoint",
     "BenchReport",
@@ -30,9 +30,9 @@ Pipeline = Literal["imgshards", "imagefolder"]
 
 # A training loop that waits for data longer than this share of its time is called loader-bound.
 LOADER_BOUND_WAIT = 0.05
-# Compared pipelines whose decode times per image differ by more than this factor ran under
-# different machine loads (the decoder and the images are the same).
-DECODE_GAP = 1.25
+# Workers that got a core for less than this share of their busy time ran on an oversubscribed
+# machine (other jobs, or more busy processes than cores): their rates understate a free machine's.
+CPU_SHARE_LOW = 0.8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,7 @@ class RunResult:
     stage_seconds: dict[str, float]
     worker_images: list[int]
     worker_busy_s: list[float]
+    worker_cpu_s: list[float]
     ready_mean: float
     ready_max: int
     ready_none: float
@@ -86,6 +87,7 @@ class RunResult:
             stage_seconds={k: sum(p.stage_seconds[k] for p in parts) for k in first.stage_seconds},
             worker_images=[sum(n) for n in zip(*(p.worker_images for p in parts), strict=True)],
             worker_busy_s=[sum(s) for s in zip(*(p.worker_busy_s for p in parts), strict=True)],
+            worker_cpu_s=[sum(s) for s in zip(*(p.worker_cpu_s for p in parts), strict=True)],
             ready_mean=by_batch(p.ready_mean for p in parts),
             ready_max=max(p.ready_max for p in parts),
             ready_none=by_batch(p.ready_none for p in parts),
@@ -122,6 +124,27 @@ class RunResult:
         return sum(self.worker_images) / busy if busy > 0 else 0.0
 
     @property
+    def images_per_cpu_s(self) -> float:
+        """Images a worker makes per CPU second: one worker's rate with a core to itself."""
+        cpu = sum(self.worker_cpu_s)
+        return sum(self.worker_images) / cpu if cpu > 0 else 0.0
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time over wall time of the workers' stages: the share of that time they had a core.
+
+        About 1 on a machine with a free core per worker; above 1 when a process runs threads (torch
+        does, in the main process, with no workers).
+        """
+        busy = sum(self.worker_busy_s)
+        return sum(self.worker_cpu_s) / busy if busy > 0 else 0.0
+
+    @property
+    def oversubscribed(self) -> bool:
+        """Whether the workers waited for a core much of their busy time (see :data:`CPU_SHARE_LOW`)."""
+        return 0 < self.cpu_share < CPU_SHARE_LOW
+
+    @property
     def busy_share(self) -> float:
         """Mean share of the run the workers spent in their stages (the rest they waited), at most 1.
 
@@ -149,6 +172,9 @@ class RunResult:
             "images_per_s": self.images_per_s,
             "worker_images_per_s": self.worker_images_per_s,
             "images_per_busy_s": self.images_per_busy_s,
+            "images_per_cpu_s": self.images_per_cpu_s,
+            "cpu_share": self.cpu_share,
+            "oversubscribed": self.oversubscribed,
             "busy_share": self.busy_share,
             "wait_share": self.wait_share,
             "ready_capacity": self.ready_capacity,
@@ -229,24 +255,6 @@ class BenchPoint:
             return None
         return self.imgshards.images_per_s / self.imagefolder.images_per_s
 
-    @property
-    def decode_gap(self) -> float | None:
-        """The imgshards decode time per image over ImageFolder's, when compared.
-
-        Both decode the same kind of images with the same decoder, so this is about 1 unless the
-        machine's load changed between their runs (see :data:`DECODE_GAP`).
-        """
-        if self.imagefolder is None:
-            return None
-        ours, theirs = self.imgshards.ms_per_image("decode"), self.imagefolder.ms_per_image("decode")
-        return ours / theirs if theirs else None
-
-    @property
-    def load_changed(self) -> bool:
-        """Whether the decode times of the two pipelines differ enough to distrust their ratio."""
-        gap = self.decode_gap
-        return gap is not None and gap > 0 and max(gap, 1 / gap) > DECODE_GAP
-
 
 @dataclass(frozen=True, kw_only=True)
 class BenchReport:
@@ -281,8 +289,6 @@ class BenchReport:
                     "imgshards": p.imgshards.to_json(),
                     "imagefolder": p.imagefolder.to_json() if p.imagefolder else None,
                     "speedup": p.speedup,
-                    "decode_gap": p.decode_gap,
-                    "load_changed": p.load_changed,
                     "verdict": _verdict_json(p.verdict),
                     "imagefolder_verdict": _verdict_json(p.imagefolder_verdict),
                 }

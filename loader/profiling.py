@@ -13,8 +13,9 @@ what it measured. How each figure is taken:
   read at the first batch and at the end, and the difference is the run's. "read" is getting the
   raw bytes: tar parsing, shard interleaving and the shuffle buffer for the shards, ``open`` +
   ``read`` of one file for ImageFolder. A worker's *busy* share is its stage seconds over the run's
-  wall time; the rest it waited for a free prefetch slot (or, with more workers than cores, for a
-  core: the clock is wall time).
+  wall time; the rest it waited for a free prefetch slot. Each worker's CPU time is counted too:
+  over its stage seconds it gives the share of its busy time it had a core (``cpu_share``), below 1
+  when the machine runs more busy processes than it has cores.
 - **Batches ready ahead** of the training loop: the batches workers finished (the table's count,
   written just before a batch goes to the DataLoader) minus the batches the loop received, sampled
   each time the loop is about to ask for the next batch. It is bounded by ``workers x
@@ -406,6 +407,7 @@ def _measure(
         stage_seconds=dict(zip(STAGES, per_stage.sum(0).tolist(), strict=True)),
         worker_images=[int(n) for n in stagetimes.images(run).tolist()],
         worker_busy_s=per_stage.sum(1).tolist(),
+        worker_cpu_s=stagetimes.cpu_seconds(run).tolist(),
         ready_mean=sum(ready) / len(ready) if ready else 0.0,
         ready_max=max(ready, default=0),
         ready_none=sum(r <= 0 for r in ready) / len(ready) if ready else 0.0,

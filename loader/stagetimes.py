@@ -1,16 +1,19 @@
 """Per-worker stage clocks in shared memory: where a DataLoader worker's time goes, read from outside.
 
-A :class:`StageTimes` is a small shared-memory table, one row per worker process, holding the seconds
-that worker spent reading, decoding, augmenting and collating, the batches and images it finished,
-and its pid. The loader fills it only when one is attached (``ShardDataset.stage_times``, set by
-:mod:`imgshards.loader.profiling` before the workers start); otherwise the pipeline gets
-:data:`NO_CLOCK`, whose wrappers hand back the very functions and iterators they are given, so an
-unprofiled loader runs exactly the code it runs without this module.
+A :class:`StageTimes` is a small shared-memory table, one row per worker process, holding the
+seconds that worker spent reading, decoding, augmenting and collating (wall time), the CPU time it
+used, the batches and images it finished, and its pid. Wall time is what the training loop feels;
+CPU time next to it tells whether the worker had a core to itself (on a machine with more busy
+processes than cores, a stage's wall time includes waiting for one). The loader fills it only when
+one is attached (``ShardDataset.stage_times``, set by :mod:`imgshards.loader.profiling` before the
+workers start); otherwise the pipeline gets :data:`NO_CLOCK`, whose wrappers hand back the very
+functions and iterators they are given, so an unprofiled loader runs exactly the code it runs
+without this module.
 
-Inside a worker, a :class:`StageClock` adds up seconds in plain Python floats (two
-``perf_counter`` calls around each timed call, well under a microsecond) and writes them to its row
-once per finished batch, just before the batch is handed to the DataLoader: so the main process can
-count the batches made but not yet consumed (the prefetch queue) from the same table.
+Inside a worker, a :class:`StageClock` adds up seconds in plain Python floats (two ``perf_counter``
+calls around each timed call, well under a microsecond) and writes them to its row once per finished
+batch, just before the batch is handed to the DataLoader: so the main process can count the batches
+made but not yet consumed (the prefetch queue) from the same table.
 
 Rows are written by one process each and read by the main process without a lock: a read can catch a
 row between the seconds and the batch count of one batch, which moves a figure by one batch at most.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import TypeVar
 
 import torch
@@ -36,6 +39,10 @@ __all__ = [
     "NoClock",
     "StageClock",
     "StageTimes",
+    "cpu_seconds",
+    "images",
+    "pids",
+    "stage_seconds",
 ]
 
 T = TypeVar("T")
@@ -44,8 +51,8 @@ F = TypeVar("F", bound=Callable[..., object])
 STAGES: tuple[str, ...] = ("read", "decode", "augment", "collate")
 READ, DECODE, AUGMENT, COLLATE = range(4)
 # Columns of a row after the stage seconds.
-_BATCHES, _IMAGES, _PID = 4, 5, 6
-_COLUMNS = 7
+_BATCHES, _IMAGES, _PID, _CPU = 4, 5, 6, 7
+_COLUMNS = 8
 
 
 class StageTimes:
@@ -85,6 +92,11 @@ def images(snap: torch.Tensor) -> torch.Tensor:
     return snap[:, _IMAGES]
 
 
+def cpu_seconds(snap: torch.Tensor) -> torch.Tensor:
+    """CPU seconds (all threads) each worker used up to its last finished batch."""
+    return snap[:, _CPU]
+
+
 def pids(snap: torch.Tensor) -> list[int]:
     """Pids of the processes that wrote each row (0: no batch finished yet)."""
     return [int(p) for p in snap[:, _PID].tolist()]
@@ -93,11 +105,12 @@ def pids(snap: torch.Tensor) -> list[int]:
 class StageClock:
     """Times the stages of one worker's pipeline and publishes them once per finished batch."""
 
-    __slots__ = ("_row", "_seconds")
+    __slots__ = ("_cpu", "_row", "_seconds")
 
     def __init__(self, row: torch.Tensor) -> None:
         self._row = row
         self._seconds = [0.0] * len(STAGES)
+        self._cpu = process_time()
         row[_PID] = os.getpid()
 
     def timed(self, stage: int, fn: F) -> F:
@@ -130,7 +143,9 @@ class StageClock:
         """Publish the seconds gathered since the last batch, and one more batch of ``images``."""
         row = self._row
         # Seconds first, the batch count last: a reader that sees the batch sees its seconds.
+        cpu, self._cpu = self._cpu, process_time()
         row[: len(STAGES)] += torch.tensor(self._seconds, dtype=torch.float64)
+        row[_CPU] += self._cpu - cpu
         row[_IMAGES] += images
         row[_BATCHES] += 1
         self._seconds[:] = [0.0] * len(STAGES)  # in place: the wrappers made by timed() hold this list

@@ -28,6 +28,7 @@ def test_clock_adds_up_stage_seconds_and_publishes_per_batch():
     assert times.batches() == 1 and stagetimes.images(snap).tolist() == [2]
     assert stagetimes.stage_seconds(snap)[0, DECODE] >= 0.01
     assert stagetimes.pids(snap) == [os.getpid()]
+    assert stagetimes.cpu_seconds(snap)[0] > 0  # the loop over range(3) and the bookkeeping
     slow(1)
     clock.batch_done(images=3)  # the wrappers made earlier keep counting into the next batch
     assert stagetimes.stage_seconds(times.snapshot())[0, DECODE] >= 0.02
@@ -77,6 +78,7 @@ def run_result(**fields) -> RunResult:
         stage_seconds={"read": 1.0, "decode": 2.0, "augment": 1.0, "collate": 0.0},
         worker_images=[3200, 3200],
         worker_busy_s=[5.0, 5.0],
+        worker_cpu_s=[5.0, 5.0],
         ready_mean=1.0,
         ready_max=4,
         ready_none=0.1,
@@ -111,15 +113,15 @@ def test_halves_add_up():
     assert both.images_per_s == pytest.approx(1280) and RunResult.combine([a]) is a
 
 
-def test_a_decode_gap_flags_a_changed_load():
-    ours = run_result()  # 2 s of decode for 6400 images
-    same = BenchPoint(workers=2, imgshards=ours, imagefolder=run_result(images=5000))
-    assert same.decode_gap == pytest.approx(1.0) and not same.load_changed
-    assert same.speedup == pytest.approx(1.28)
-    slower = run_result(stage_seconds={"read": 1.0, "decode": 3.0, "augment": 1.0, "collate": 0.0})
-    changed = BenchPoint(workers=2, imgshards=ours, imagefolder=slower)
-    assert changed.decode_gap == pytest.approx(2 / 3) and changed.load_changed
-    assert BenchPoint(workers=2, imgshards=ours).decode_gap is None
+def test_cpu_share_tells_an_oversubscribed_machine():
+    free = run_result()  # 5 s of CPU in 5 s of stages per worker
+    assert free.cpu_share == pytest.approx(1.0) and not free.oversubscribed
+    assert free.images_per_busy_s == free.images_per_cpu_s == pytest.approx(640)
+    crowded = run_result(worker_cpu_s=[2.5, 2.5])
+    assert crowded.cpu_share == pytest.approx(0.5) and crowded.oversubscribed
+    assert crowded.images_per_cpu_s == pytest.approx(1280)
+    point = BenchPoint(workers=2, imgshards=free, imagefolder=run_result(images=5000))
+    assert point.speedup == pytest.approx(1.28) and BenchPoint(workers=2, imgshards=free).speedup is None
 
 
 @pytest.mark.parametrize(
