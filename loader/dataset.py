@@ -11,28 +11,29 @@ Everything before ``decode`` handles raw bytes, so shuffling and resume skipping
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import islice
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from . import partition
 from .batch import Batch, BufferPool, collate
 from .decode import decode
-from .errors import ConfigError, CorruptImageError
+from .errors import ConfigError, CorruptImageError, ShardReadError
 from .presets import PRESETS, Transform, preset
 from .reader import RawSample, read_run
 from .shuffle import buffer_shuffle, interleave, worker_rng
+from .source import ShardSource
 from .stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, READ, NoClock, StageClock, StageTimes
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
@@ -43,13 +44,14 @@ MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
 
 # Layout of the shared control tensor (see ShardDataset._control): the epoch and resume point, then
-# per worker process two counters, then per worker process the free flags of its batch buffers.
+# per worker process three counters, then per worker process the free flags of its batch buffers.
 _EPOCH, _RESUME, _COUNTERS = 0, 1, 2
 _MAX_WORKER_SLOTS = 256
+_PER_WORKER = 3
 _POOL_BUFFERS = 8
-_POOL = _COUNTERS + 2 * _MAX_WORKER_SLOTS
+_POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
 _CONTROL_SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
-_CORRUPT, _TRUNCATED = 0, 1
+_CORRUPT, _TRUNCATED, _UNREADABLE = 0, 1, 2
 _TAG_AUGMENT = 3
 
 
@@ -78,8 +80,19 @@ class ShardDataset(IterableDataset[Batch]):
     with a warning; its missing samples are made up by repeating the worker's most recent samples, so
     the batch counts above still hold (a DDP job must not hang on a damaged file).
 
+    A remote shard (``source`` a URL) is streamed in ranged requests: its first samples are read
+    before the rest has arrived, and a request that fails with a transient error (connection reset,
+    timeout, 5xx) is retried with backoff from where it broke. A shard that keeps failing raises
+    :class:`~imgshards.loader.errors.ShardReadError` naming it with ``on_error="raise"``; with
+    ``"skip"`` the rest of that shard is skipped, warned about and counted in
+    :attr:`unreadable_shards`, and made up for like a truncated shard. With ``cache_dir``, shards are
+    written into a local cache of at most ``cache_limit`` bytes as they stream, the next
+    ``prefetch`` shards of each worker are downloaded ahead, and later epochs read from the cache
+    (see :mod:`imgshards.loader.cache` for its invariants).
+
     Args:
-        source: Directory of a packed dataset (holding ``index.json``).
+        source: Directory or URL of a packed dataset (holding ``index.json``): ``s3://bucket/prefix``,
+            ``gs://...``, ``https://host/path`` or any fsspec URL.
         split: Which split to read.
         batch_size: Samples per batch.
         mode: ``"train"`` (equal batches on every rank, shuffled) or ``"eval"`` (every sample once).
@@ -95,7 +108,13 @@ class ShardDataset(IterableDataset[Batch]):
         seed: Seed of every random choice; the same on every rank.
         rank: This process's rank; default ``torch.distributed``'s rank, or 0.
         world_size: Number of ranks; default ``torch.distributed``'s world size, or 1.
-        on_error: ``"skip"`` (drop, count and warn) or ``"raise"`` for an image that does not decode.
+        on_error: ``"skip"`` (drop, count and warn) or ``"raise"`` for an image that does not decode
+            or a remote shard that cannot be read.
+        storage_options: Options of the URL's fsspec file system (endpoint, credentials...);
+            fsspec's own configuration applies as usual.
+        cache_dir: Local directory caching remote shards, shared by workers and ranks of a machine.
+        cache_limit: Most bytes the cache directory holds (required with ``cache_dir``).
+        prefetch: Shards each worker downloads into the cache ahead of its reading.
 
     Raises:
         ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
@@ -120,6 +139,10 @@ class ShardDataset(IterableDataset[Batch]):
         rank: int | None = None,
         world_size: int | None = None,
         on_error: OnError = "skip",
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        prefetch: int = 2,
     ) -> None:
         super().__init__()
         _check_choice("mode", mode, MODES)
@@ -136,10 +159,17 @@ class ShardDataset(IterableDataset[Batch]):
             )
         rank, world_size = _resolve_rank(rank, world_size)
 
-        self.root = Path(source)
-        self.manifest: Manifest = read_manifest(self.root)
+        self.source = ShardSource(
+            source,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            prefetch=prefetch,
+        )
+        self.root: Path | str = self.source.root if self.source.remote else Path(self.source.root)
+        self.manifest: Manifest = read_manifest(self.root, storage_options=storage_options)
         self.split_info: SplitInfo = self.manifest.split(split)
-        self._check_shards()
+        self.source.check(self.split_info.shards, split)
 
         if transform is None:
             transform = mode
@@ -223,15 +253,20 @@ class ShardDataset(IterableDataset[Batch]):
     @property
     def corrupt_skipped(self) -> int:
         """Images skipped because they did not decode, over all passes so far (all workers)."""
-        return int(self._control[_COUNTERS + _CORRUPT : _POOL : 2].sum())
+        return int(self._control[_COUNTERS + _CORRUPT : _POOL : _PER_WORKER].sum())
 
     @property
     def truncated_shards(self) -> int:
         """Times a shard ended before its index said it would, over all passes so far."""
-        return int(self._control[_COUNTERS + _TRUNCATED : _POOL : 2].sum())
+        return int(self._control[_COUNTERS + _TRUNCATED : _POOL : _PER_WORKER].sum())
+
+    @property
+    def unreadable_shards(self) -> int:
+        """Times a remote shard was skipped because it could not be read, over all passes so far."""
+        return int(self._control[_COUNTERS + _UNREADABLE : _POOL : _PER_WORKER].sum())
 
     def _count(self, worker: int, what: int) -> None:
-        self._control[_COUNTERS + 2 * (worker % _MAX_WORKER_SLOTS) + what] += 1
+        self._control[_COUNTERS + _PER_WORKER * (worker % _MAX_WORKER_SLOTS) + what] += 1
 
     def _worker_pool(self, process: int) -> BufferPool:
         if self._pool is None:
@@ -302,8 +337,18 @@ class ShardDataset(IterableDataset[Batch]):
             self._count(worker, _TRUNCATED)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
+        self.source.plan([shards[seg.shard] for seg in plan.segments])  # prefetch in this order
         runs = [
-            read_run(self.root / shards[seg.shard].name, seg.start, seg.stop, on_truncated=on_truncated)
+            self._unless_unreadable(
+                read_run(
+                    self.source.url(shards[seg.shard].name),
+                    seg.start,
+                    seg.stop,
+                    on_truncated=on_truncated,
+                    opener=functools.partial(self.source.open, shards[seg.shard]),
+                ),
+                worker,
+            )
             for seg in plan.segments
         ]
         sizes = [len(seg) for seg in plan.segments]
@@ -312,6 +357,16 @@ class ShardDataset(IterableDataset[Batch]):
         rng = worker_rng(self.seed, epoch, self.rank, worker)
         mixed = interleave(runs, sizes, rng)
         return buffer_shuffle(mixed, rng, size=self.shuffle_buffer, initial=self.shuffle_initial)
+
+    def _unless_unreadable(self, run: Iterator[RawSample], worker: int) -> Iterator[RawSample]:
+        """End a run whose shard cannot be read (skip: warn and count), or raise with on_error="raise"."""
+        try:
+            yield from run
+        except ShardReadError as e:
+            if self.on_error == "raise":
+                raise
+            self._count(worker, _UNREADABLE)
+            warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
     def _make_up(self, recent: deque[RawSample], missing: int) -> list[RawSample]:
         """Repeat recent samples in place of those a truncated shard lost, keeping the batch count."""
@@ -344,24 +399,6 @@ class ShardDataset(IterableDataset[Batch]):
             images.append(transform(image))
             labels.append(s.label)
         return images, labels
-
-    def _check_shards(self) -> None:
-        for shard in self.split_info.shards:
-            path = self.root / shard.name
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                raise ManifestError(
-                    f"shard {shard.name} of split {self.split_info.name!r} is missing from {self.root}: "
-                    "copy it back, or re-pack the dataset"
-                ) from None
-            if size != shard.bytes:
-                warnings.warn(
-                    f"shard {path} is {size} bytes, the index says {shard.bytes}: truncated or replaced "
-                    "since it was packed; reading it will stop where it breaks",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
 
     def __repr__(self) -> str:
         return (

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Generator, Iterator
 from io import BufferedReader
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import BinaryIO, NamedTuple, cast
 
 from imgshards.converter.manifest import IMAGE_EXTENSIONS
 
@@ -48,9 +48,17 @@ class ShardFormatError(Exception):
 
 
 def read_run(
-    path: str | Path, start: int, stop: int, *, on_truncated: Callable[[str], None] | None = None
+    path: str | Path,
+    start: int,
+    stop: int,
+    *,
+    on_truncated: Callable[[str], None] | None = None,
+    opener: Callable[[], BinaryIO] | None = None,
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
+
+    ``opener`` opens the shard (a remote one, see :class:`~imgshards.loader.source.ShardSource`);
+    without it ``path`` is a local file. The shard is opened at the first sample asked for.
 
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
     damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
@@ -58,7 +66,7 @@ def read_run(
     """
     path = Path(path)
     expected, got, problem = stop - start, 0, ""
-    with open(path, "rb", buffering=_READ_BUFFER) as f:
+    with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
         samples = _samples(cast(BufferedReader, f), start, stop, path.name)
         try:
             for sample in samples:
