@@ -312,3 +312,11 @@ def test_bad_index_or_split_fails_at_construction(packed_copy, tmp_path):
 def test_bad_arguments_fail_at_construction_naming_the_choices(packed_many, kw, match):
     with pytest.raises(ConfigError, match=match):
         dataset(packed_many, **kw)
+
+
+def test_spawned_workers_give_the_same_batches(packed_many, lookup_many):
+    """With the spawn start method the dataset is pickled into each worker; nothing changes."""
+    ds = dataset(packed_many)
+    loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
+    assert lookup_many.run_keys(loader) == run(packed_many, lookup_many, num_workers=2)
+    assert lookup_many.run_keys(loader) == run(packed_many, lookup_many, num_workers=2, epoch=1)
