@@ -204,6 +204,7 @@ def _print_point(point: BenchPoint) -> None:
         rows.append([label, *(_stage(r, stage) for r in runs)])
     rows.append(["batches ready ahead (mean/max)", *(_ready(r) for r in runs)])
     rows.append(["loop waited for data", *(_waited(r) for r in runs)])
+    rows.append(["main process CPU", *(_main_cpu(r) for r in runs)])
     rows.append(["peak RSS main / per worker", *(_rss(r) for r in runs)])
     rows.append(["PSS of all processes (end)", *(_bytes(r.pss_total) for r in runs)])
     if any(r.evicted_bytes is not None for r in runs):
@@ -275,6 +276,12 @@ def _ready(r: RunResult) -> str:
 def _waited(r: RunResult) -> str:
     per_batch = r.wait_s / r.batches * 1000 if r.batches else 0.0
     return f"{r.wait_share:.0%} of the time, {per_batch:.1f} ms/batch"
+
+
+def _main_cpu(r: RunResult) -> str:
+    share = r.main_cpu_s / r.seconds if r.seconds else 0.0
+    per_batch = r.main_cpu_s / r.batches * 1000 if r.batches else 0.0
+    return f"{share:.0%} of a core, {per_batch:.1f} ms/batch"
 
 
 def _rss(r: RunResult) -> str:

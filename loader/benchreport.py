@@ -56,6 +56,7 @@ class RunResult:
     ready_none: float
     wait_s: float
     step_s: float
+    main_cpu_s: float
     peak_rss_main: int | None
     peak_rss_workers: list[int | None]
     pss_total: int | None
@@ -93,6 +94,7 @@ class RunResult:
             ready_none=by_batch(p.ready_none for p in parts),
             wait_s=sum(p.wait_s for p in parts),
             step_s=sum(p.step_s for p in parts),
+            main_cpu_s=sum(p.main_cpu_s for p in parts),
             peak_rss_main=_largest(p.peak_rss_main for p in parts),
             peak_rss_workers=[
                 _largest(peaks) for peaks in zip_longest(*(p.peak_rss_workers for p in parts), fillvalue=None)

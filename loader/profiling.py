@@ -26,6 +26,8 @@ what it measured. How each figure is taken:
   busy-waiting: a GPU training step leaves the host CPU to the workers (the loop only queues kernels
   and waits), and a busy-wait would take a core from them and make the loader look slower than it
   is. The verdict compares the time the loop waited for data with the step's time.
+- **The main process's CPU time** over the run (all its threads): what taking batches from the
+  DataLoader costs the training process, which competes with the workers for cores.
 - **Peak memory**: the main process's ``VmHWM`` (restarted at each run where Linux allows), each
   worker's ``VmHWM`` read before the workers stop, and the PSS of all of them at the end
   (:mod:`.procstats`).
@@ -46,7 +48,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import Any
 
 import torch
@@ -363,6 +365,7 @@ def _measure(
         next(batches)
         first = perf_counter()
         before = times.snapshot()
+        main_cpu = process_time()
         consumed, count, images, wait, stepped = 1, 0, 0, 0.0, 0.0
         ready: list[int] = []
         step = config.step_seconds
@@ -385,6 +388,7 @@ def _measure(
                 bar.update(len(batch[1]))
                 del batch  # let a recycling loader have the buffer back
         after = times.snapshot()
+        main_cpu = process_time() - main_cpu
         main_peak = procstats.vm_hwm()
         worker_pids = [p for p in stagetimes.pids(after) if p and p != os.getpid()]
         worker_peaks = [procstats.vm_hwm(p) for p in worker_pids]
@@ -413,6 +417,7 @@ def _measure(
         ready_none=sum(r <= 0 for r in ready) / len(ready) if ready else 0.0,
         wait_s=wait,
         step_s=stepped,
+        main_cpu_s=main_cpu,
         peak_rss_main=main_peak,
         peak_rss_workers=worker_peaks,
         pss_total=None if None in pss_values else sum(v for v in pss_values if v is not None),

@@ -52,6 +52,7 @@ def test_table_shows_every_figure(run, tiny_packed):
         "collate",
         "batches ready ahead (mean/max)",
         "loop waited for data",
+        "main process CPU",
         "peak RSS main / per worker",
     ]:
         assert label in out, label

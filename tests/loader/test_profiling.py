@@ -84,6 +84,7 @@ def run_result(**fields) -> RunResult:
         ready_none=0.1,
         wait_s=0.0,
         step_s=9.0,
+        main_cpu_s=0.5,
         peak_rss_main=None,
         peak_rss_workers=[],
         pss_total=None,
