@@ -45,7 +45,7 @@ def test_table_shows_every_figure(run, tiny_packed):
         "per worker images/s",
         "workers busy",
         "workers had a core",
-        "one worker flat out (own core)",
+        "one worker flat out",
         "time in workers: read",
         "decode",
         "augment",
