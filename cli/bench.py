@@ -254,7 +254,7 @@ def _timed(r: RunResult) -> str:
 
 
 def _flat_out(r: RunResult) -> str:
-    return f"{r.images_per_busy_s:,.0f} images/s, {r.images_per_cpu_s:,.0f} on a free core"
+    return f"{r.images_per_busy_s:,.0f} images/s, {r.images_per_free_core_s:,.0f} on a free core"
 
 
 def _per_worker(r: RunResult) -> str:
@@ -265,7 +265,7 @@ def _per_worker(r: RunResult) -> str:
 def _stage(r: RunResult, stage: str) -> str:
     busy = sum(r.stage_seconds.values())
     share = r.stage_seconds[stage] / busy if busy else 0.0
-    return f"{share:4.0%}  {r.ms_per_image(stage):6.2f} ms/image"
+    return f"{share:4.0%}  {r.ms_per_image(stage):5.2f} ms/image, CPU {r.ms_per_image_cpu(stage):5.2f}"
 
 
 def _ready(r: RunResult) -> str:

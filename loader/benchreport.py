@@ -33,6 +33,8 @@ LOADER_BOUND_WAIT = 0.05
 # Workers that got a core for less than this share of their busy time ran on an oversubscribed
 # machine (other jobs, or more busy processes than cores): their rates understate a free machine's.
 CPU_SHARE_LOW = 0.8
+# The stages that only compute (reading also waits for storage).
+_COMPUTE = ("decode", "augment", "collate")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +50,9 @@ class RunResult:
     images: int
     passes: int
     stage_seconds: dict[str, float]
+    stage_cpu_seconds: dict[str, float]
     worker_images: list[int]
     worker_busy_s: list[float]
-    worker_cpu_s: list[float]
     ready_mean: float
     ready_max: int
     ready_none: float
@@ -86,9 +88,11 @@ class RunResult:
             images=sum(p.images for p in parts),
             passes=max(p.passes for p in parts),
             stage_seconds={k: sum(p.stage_seconds[k] for p in parts) for k in first.stage_seconds},
+            stage_cpu_seconds={
+                k: sum(p.stage_cpu_seconds[k] for p in parts) for k in first.stage_cpu_seconds
+            },
             worker_images=[sum(n) for n in zip(*(p.worker_images for p in parts), strict=True)],
             worker_busy_s=[sum(s) for s in zip(*(p.worker_busy_s for p in parts), strict=True)],
-            worker_cpu_s=[sum(s) for s in zip(*(p.worker_cpu_s for p in parts), strict=True)],
             ready_mean=by_batch(p.ready_mean for p in parts),
             ready_max=max(p.ready_max for p in parts),
             ready_none=by_batch(p.ready_none for p in parts),
@@ -125,21 +129,30 @@ class RunResult:
         busy = sum(self.worker_busy_s)
         return sum(self.worker_images) / busy if busy > 0 else 0.0
 
+    def ms_per_image_cpu(self, stage: str) -> float:
+        """Milliseconds of CPU time per image spent in ``stage``."""
+        made = sum(self.worker_images)
+        return self.stage_cpu_seconds[stage] / made * 1000 if made else 0.0
+
     @property
-    def images_per_cpu_s(self) -> float:
-        """Images a worker makes per CPU second: one worker's rate with a core to itself."""
-        cpu = sum(self.worker_cpu_s)
-        return sum(self.worker_images) / cpu if cpu > 0 else 0.0
+    def images_per_free_core_s(self) -> float:
+        """One worker's rate with a core to itself.
+
+        Images per second of reading (wall time: it can wait for storage) plus the CPU time of
+        decoding, augmenting and collating.
+        """
+        seconds = self.stage_seconds["read"] + sum(self.stage_cpu_seconds[k] for k in _COMPUTE)
+        return sum(self.worker_images) / seconds if seconds > 0 else 0.0
 
     @property
     def cpu_share(self) -> float:
-        """CPU time over wall time of the workers' stages: the share of that time they had a core.
+        """CPU time over wall time of decoding, augmenting and collating: the share of it workers had a core.
 
         About 1 on a machine with a free core per worker; above 1 when a process runs threads (torch
-        does, in the main process, with no workers).
+        does, in the main process, with no workers). Reading is left out: it also waits for storage.
         """
-        busy = sum(self.worker_busy_s)
-        return sum(self.worker_cpu_s) / busy if busy > 0 else 0.0
+        wall = sum(self.stage_seconds[k] for k in _COMPUTE)
+        return sum(self.stage_cpu_seconds[k] for k in _COMPUTE) / wall if wall > 0 else 0.0
 
     @property
     def oversubscribed(self) -> bool:
@@ -174,7 +187,7 @@ class RunResult:
             "images_per_s": self.images_per_s,
             "worker_images_per_s": self.worker_images_per_s,
             "images_per_busy_s": self.images_per_busy_s,
-            "images_per_cpu_s": self.images_per_cpu_s,
+            "images_per_free_core_s": self.images_per_free_core_s,
             "cpu_share": self.cpu_share,
             "oversubscribed": self.oversubscribed,
             "busy_share": self.busy_share,

@@ -13,9 +13,10 @@ what it measured. How each figure is taken:
   read at the first batch and at the end, and the difference is the run's. "read" is getting the
   raw bytes: tar parsing, shard interleaving and the shuffle buffer for the shards, ``open`` +
   ``read`` of one file for ImageFolder. A worker's *busy* share is its stage seconds over the run's
-  wall time; the rest it waited for a free prefetch slot. Each worker's CPU time is counted too:
-  over its stage seconds it gives the share of its busy time it had a core (``cpu_share``), below 1
-  when the machine runs more busy processes than it has cores.
+  wall time; the rest it waited for a free prefetch slot. Each stage's CPU time is counted next to
+  its wall time: for decode, augment and collate their ratio is the share of the time the workers
+  had a core (``cpu_share``, below 1 when the machine runs more busy processes than it has cores);
+  for read, wall time well above CPU time is waiting for storage.
 - **Batches ready ahead** of the training loop: the batches workers finished (the table's count,
   written just before a batch goes to the DataLoader) minus the batches the loop received, sampled
   each time the loop is about to ask for the next batch. It is bounded by ``workers x
@@ -409,9 +410,9 @@ def _measure(
         images=images,
         passes=passes[0],
         stage_seconds=dict(zip(STAGES, per_stage.sum(0).tolist(), strict=True)),
+        stage_cpu_seconds=dict(zip(STAGES, stagetimes.stage_cpu_seconds(run).sum(0).tolist(), strict=True)),
         worker_images=[int(n) for n in stagetimes.images(run).tolist()],
         worker_busy_s=per_stage.sum(1).tolist(),
-        worker_cpu_s=stagetimes.cpu_seconds(run).tolist(),
         ready_mean=sum(ready) / len(ready) if ready else 0.0,
         ready_max=max(ready, default=0),
         ready_none=sum(r <= 0 for r in ready) / len(ready) if ready else 0.0,

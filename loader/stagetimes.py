@@ -1,19 +1,21 @@
 """Per-worker stage clocks in shared memory: where a DataLoader worker's time goes, read from outside.
 
-A :class:`StageTimes` is a small shared-memory table, one row per worker process, holding the
-seconds that worker spent reading, decoding, augmenting and collating (wall time), the CPU time it
-used, the batches and images it finished, and its pid. Wall time is what the training loop feels;
-CPU time next to it tells whether the worker had a core to itself (on a machine with more busy
-processes than cores, a stage's wall time includes waiting for one). The loader fills it only when
-one is attached (``ShardDataset.stage_times``, set by :mod:`imgshards.loader.profiling` before the
-workers start); otherwise the pipeline gets :data:`NO_CLOCK`, whose wrappers hand back the very
-functions and iterators they are given, so an unprofiled loader runs exactly the code it runs
-without this module.
+A :class:`StageTimes` is a small shared-memory table, one row per worker process, holding for each
+stage (read, decode, augment, collate) the wall time and the CPU time that worker spent in it, the
+batches and images it finished, and its pid. Wall time is what the training loop feels; the CPU
+time next to it tells why a stage took it: a read whose wall time far exceeds its CPU time waited
+for storage, a decode that does waited for a core (a machine running more busy processes than it
+has cores). The loader fills the table only when one is attached (``ShardDataset.stage_times``, set
+by :mod:`imgshards.loader.profiling` before the workers start); otherwise the pipeline gets
+:data:`NO_CLOCK`, whose wrappers hand back the very functions and iterators they are given, so an
+unprofiled loader runs exactly the code it runs without this module.
 
-Inside a worker, a :class:`StageClock` adds up seconds in plain Python floats (two ``perf_counter``
-calls around each timed call, well under a microsecond) and writes them to its row once per finished
-batch, just before the batch is handed to the DataLoader: so the main process can count the batches
-made but not yet consumed (the prefetch queue) from the same table.
+Inside a worker, a :class:`StageClock` adds up seconds in plain Python floats around each timed call
+(``perf_counter`` and ``process_time``, about 2 microseconds a call, under 0.2% of decoding and
+augmenting an ImageNet-sized image) and writes them to its row once per finished batch, just before
+the batch is handed to the DataLoader: so the main process can count the batches made but not yet
+consumed (the prefetch queue) from the same table. ``process_time`` counts all the threads of the
+process, so it includes torch's intra-op threads where they run (the main process, with no workers).
 
 Rows are written by one process each and read by the main process without a lock: a read can catch a
 row between the seconds and the batch count of one batch, which moves a figure by one batch at most.
@@ -39,9 +41,9 @@ __all__ = [
     "NoClock",
     "StageClock",
     "StageTimes",
-    "cpu_seconds",
     "images",
     "pids",
+    "stage_cpu_seconds",
     "stage_seconds",
 ]
 
@@ -50,9 +52,10 @@ F = TypeVar("F", bound=Callable[..., object])
 
 STAGES: tuple[str, ...] = ("read", "decode", "augment", "collate")
 READ, DECODE, AUGMENT, COLLATE = range(4)
-# Columns of a row after the stage seconds.
-_BATCHES, _IMAGES, _PID, _CPU = 4, 5, 6, 7
-_COLUMNS = 8
+# A row: wall seconds per stage, CPU seconds per stage, then these.
+_N = len(STAGES)
+_BATCHES, _IMAGES, _PID = 2 * _N, 2 * _N + 1, 2 * _N + 2
+_COLUMNS = 2 * _N + 3
 
 
 class StageTimes:
@@ -74,7 +77,7 @@ class StageTimes:
         return StageClock(self.table[row])
 
     def snapshot(self) -> torch.Tensor:
-        """A copy of the table as it is now (rows: workers; columns: stages, batches, images, pid)."""
+        """A copy of the table as it is now (read it with :func:`stage_seconds` and the like)."""
         return self.table.clone()
 
     def batches(self) -> int:
@@ -83,18 +86,18 @@ class StageTimes:
 
 
 def stage_seconds(snap: torch.Tensor) -> torch.Tensor:
-    """``[workers, len(STAGES)]`` seconds of a snapshot (or of a difference of two)."""
-    return snap[:, : len(STAGES)]
+    """``[workers, len(STAGES)]`` wall seconds of a snapshot (or of a difference of two)."""
+    return snap[:, :_N]
+
+
+def stage_cpu_seconds(snap: torch.Tensor) -> torch.Tensor:
+    """``[workers, len(STAGES)]`` CPU seconds (all the process's threads) of a snapshot."""
+    return snap[:, _N : 2 * _N]
 
 
 def images(snap: torch.Tensor) -> torch.Tensor:
     """Images finished per worker in a snapshot (or a difference of two)."""
     return snap[:, _IMAGES]
-
-
-def cpu_seconds(snap: torch.Tensor) -> torch.Tensor:
-    """CPU seconds (all threads) each worker used up to its last finished batch."""
-    return snap[:, _CPU]
 
 
 def pids(snap: torch.Tensor) -> list[int]:
@@ -105,50 +108,49 @@ def pids(snap: torch.Tensor) -> list[int]:
 class StageClock:
     """Times the stages of one worker's pipeline and publishes them once per finished batch."""
 
-    __slots__ = ("_cpu", "_row", "_seconds")
+    __slots__ = ("_row", "_seconds")
 
     def __init__(self, row: torch.Tensor) -> None:
         self._row = row
-        self._seconds = [0.0] * len(STAGES)
-        self._cpu = process_time()
+        self._seconds = [0.0] * (2 * _N)  # wall seconds per stage, then CPU seconds per stage
         row[_PID] = os.getpid()
 
     def timed(self, stage: int, fn: F) -> F:
         """Return ``fn`` wrapped so that the time spent in it counts towards ``stage``."""
-        seconds = self._seconds
+        seconds, cpu = self._seconds, _N + stage
 
         def run(*args: object, **kwargs: object) -> object:
-            start = perf_counter()
+            start, start_cpu = perf_counter(), process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
+                seconds[cpu] += process_time() - start_cpu
                 seconds[stage] += perf_counter() - start
 
         return run  # type: ignore[return-value]
 
     def timed_iter(self, stage: int, items: Iterator[T]) -> Iterator[T]:
         """Yield from ``items``, counting the time spent getting each item towards ``stage``."""
-        seconds = self._seconds
+        seconds, cpu = self._seconds, _N + stage
         while True:
-            start = perf_counter()
+            start, start_cpu = perf_counter(), process_time()
             try:
                 item = next(items)
             except StopIteration:
-                seconds[stage] += perf_counter() - start
                 return
-            seconds[stage] += perf_counter() - start
+            finally:
+                seconds[cpu] += process_time() - start_cpu
+                seconds[stage] += perf_counter() - start
             yield item
 
     def batch_done(self, images: int) -> None:
         """Publish the seconds gathered since the last batch, and one more batch of ``images``."""
         row = self._row
         # Seconds first, the batch count last: a reader that sees the batch sees its seconds.
-        cpu, self._cpu = self._cpu, process_time()
-        row[: len(STAGES)] += torch.tensor(self._seconds, dtype=torch.float64)
-        row[_CPU] += self._cpu - cpu
+        row[: 2 * _N] += torch.tensor(self._seconds, dtype=torch.float64)
         row[_IMAGES] += images
         row[_BATCHES] += 1
-        self._seconds[:] = [0.0] * len(STAGES)  # in place: the wrappers made by timed() hold this list
+        self._seconds[:] = [0.0] * (2 * _N)  # in place: the wrappers made by timed() hold this list
 
 
 class NoClock:

@@ -81,7 +81,7 @@ def test_json_holds_the_measurements(run, tiny_packed):
     # Both workers made batches, timed their stages, and wrote their rows (pid and memory).
     assert len(r["worker_images"]) == 2 and all(n > 0 for n in r["worker_images"])
     assert r["stage_seconds"]["decode"] > 0 and r["stage_seconds"]["augment"] > 0
-    assert all(s > 0 for s in r["worker_cpu_s"]) and r["cpu_share"] > 0
+    assert r["stage_cpu_seconds"]["decode"] > 0 and r["cpu_share"] > 0
     assert r["ready_capacity"] == 4 and 0 <= r["ready_max"] <= 4
     assert r["peak_rss_main"] > 0 and len(r["peak_rss_workers"]) == 2 and r["pss_total"] > 0
     assert point["verdict"]["bound"] in ("loader", "compute") and point["imagefolder"] is None

@@ -28,7 +28,8 @@ def test_clock_adds_up_stage_seconds_and_publishes_per_batch():
     assert times.batches() == 1 and stagetimes.images(snap).tolist() == [2]
     assert stagetimes.stage_seconds(snap)[0, DECODE] >= 0.01
     assert stagetimes.pids(snap) == [os.getpid()]
-    assert stagetimes.cpu_seconds(snap)[0] > 0  # the loop over range(3) and the bookkeeping
+    cpu = stagetimes.stage_cpu_seconds(snap)[0]
+    assert cpu[DECODE] < 0.005 and cpu[READ] >= 0  # sleeping takes no CPU
     slow(1)
     clock.batch_done(images=3)  # the wrappers made earlier keep counting into the next batch
     assert stagetimes.stage_seconds(times.snapshot())[0, DECODE] >= 0.02
@@ -78,7 +79,7 @@ def run_result(**fields) -> RunResult:
         stage_seconds={"read": 1.0, "decode": 2.0, "augment": 1.0, "collate": 0.0},
         worker_images=[3200, 3200],
         worker_busy_s=[5.0, 5.0],
-        worker_cpu_s=[5.0, 5.0],
+        stage_cpu_seconds={"read": 0.5, "decode": 2.0, "augment": 1.0, "collate": 0.0},
         ready_mean=1.0,
         ready_max=4,
         ready_none=0.1,
@@ -115,12 +116,12 @@ def test_halves_add_up():
 
 
 def test_cpu_share_tells_an_oversubscribed_machine():
-    free = run_result()  # 5 s of CPU in 5 s of stages per worker
+    free = run_result()  # decode and augment: as much CPU as wall time; read: half its wall time
     assert free.cpu_share == pytest.approx(1.0) and not free.oversubscribed
-    assert free.images_per_busy_s == free.images_per_cpu_s == pytest.approx(640)
-    crowded = run_result(worker_cpu_s=[2.5, 2.5])
+    assert free.images_per_busy_s == pytest.approx(6400 / 10) and free.images_per_free_core_s == 6400 / 4
+    crowded = run_result(stage_cpu_seconds={"read": 0.5, "decode": 1.0, "augment": 0.5, "collate": 0.0})
     assert crowded.cpu_share == pytest.approx(0.5) and crowded.oversubscribed
-    assert crowded.images_per_cpu_s == pytest.approx(1280)
+    assert crowded.images_per_free_core_s == pytest.approx(6400 / 2.5)
     point = BenchPoint(workers=2, imgshards=free, imagefolder=run_result(images=5000))
     assert point.speedup == pytest.approx(1.28) and BenchPoint(workers=2, imgshards=free).speedup is None
 
