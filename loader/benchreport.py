@@ -324,8 +324,9 @@ def _verdict_json(v: Verdict | None) -> dict[str, Any] | None:
 def plot_sweep(report: BenchReport, path: str | Path) -> None:
     """Draw images/s against DataLoader workers for each pipeline of ``report`` into a PNG at ``path``.
 
-    Also drawn: linear scaling from the smallest worker count, the number of CPUs, and the rate the
-    simulated model takes, when there is one.
+    Also drawn: linear scaling from the smallest worker count, the number of CPUs, the rate the
+    simulated model takes (when there is one), and by each point the share of their busy time the
+    workers had a core (low: the machine was busy with other work, or workers outnumber cores).
 
     Raises:
         ImportError: matplotlib (the ``plot`` extra: ``pip install 'imgshards[plot]'``) is missing.
@@ -339,9 +340,12 @@ def plot_sweep(report: BenchReport, path: str | Path) -> None:
     fig = Figure(figsize=(6.4, 4.0), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     ax.plot(workers, ours, "o-", color="tab:blue", label="imgshards")
-    theirs = [p.imagefolder.images_per_s for p in report.points if p.imagefolder is not None]
-    if len(theirs) == len(workers):
+    _label_cpu_share(ax, [p.imgshards for p in report.points], "tab:blue", 6)
+    folder = [p.imagefolder for p in report.points if p.imagefolder is not None]
+    if len(folder) == len(workers):
+        theirs = [r.images_per_s for r in folder]
         ax.plot(workers, theirs, "s-", color="tab:orange", label="ImageFolder + DataLoader")
+        _label_cpu_share(ax, folder, "tab:orange", -12)
     base = next(((w, r) for w, r in zip(workers, ours, strict=True) if w > 0), None)
     if base is not None and len(workers) > 1:
         ideal = [base[1] * max(w, 1) / base[0] for w in workers]
@@ -354,7 +358,7 @@ def plot_sweep(report: BenchReport, path: str | Path) -> None:
     )
     ax.set_xticks(workers)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("DataLoader workers")
+    ax.set_xlabel("DataLoader workers (by each point: share of busy time the workers had a core)", fontsize=9)
     ax.set_ylabel("images/s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -365,3 +369,16 @@ def plot_sweep(report: BenchReport, path: str | Path) -> None:
         fontsize=10,
     )
     fig.savefig(path, format="png")
+
+
+def _label_cpu_share(ax: Any, runs: list[RunResult], color: str, dy: float) -> None:
+    for r in runs:
+        ax.annotate(
+            f"{r.cpu_share:.0%}",
+            (r.workers, r.images_per_s),
+            xytext=(0, dy),
+            textcoords="offset points",
+            ha="center",
+            fontsize=7,
+            color=color,
+        )
