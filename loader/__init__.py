@@ -12,8 +12,10 @@ from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
-from .errors import ConfigError, CorruptImageError, ResumeError
+from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
+from .source import ShardSource
+from .stream import RetryPolicy
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -28,9 +30,12 @@ __all__ = [
     "RandomResizedCropFlip",
     "ResizeCenterCrop",
     "ResumeError",
+    "RetryPolicy",
     "ScaleCropFlipColor",
     "ShardDataset",
     "ShardLoader",
+    "ShardReadError",
+    "ShardSource",
     "decode",
     "make_loader",
     "preset",

@@ -2,7 +2,7 @@
 
 Files in the cache directory ``CACHE``::
 
-    CACHE/.lock                                       flocked while space is counted and reserved
+    CACHE/.lock                                       locked while space is counted and reserved
     CACHE/train-000042.<sha256[:20]>.tar              a whole shard, named by its content
     CACHE/.train-000042.<sha256[:20]>.tar.<pid>-<n>.partial    a shard being written
 
@@ -14,7 +14,7 @@ Invariants, held by every process that uses the directory with the same ``limit`
    dataset never reads an old shard of the same name, and two datasets can share the directory.
 2. **The sizes of the files in CACHE add up to at most ``limit`` at every moment.** Bytes are added
    only by creating a partial file at its shard's full size (``ftruncate``; sparse until written),
-   and only under an exclusive ``flock`` on ``CACHE/.lock``, after adding up every file there and
+   and only under the exclusive lock on ``CACHE/.lock``, after adding up every file there and
    evicting whole shards until the new one fits. Writing into a partial file never grows it,
    renaming keeps the total (and happens under the lock too, so whoever adds up the files while
    holding it counts each shard once), and eviction only lowers it.
@@ -28,7 +28,14 @@ Invariants, held by every process that uses the directory with the same ``limit`
 5. **The cache never blocks reading.** When no room can be made (the shard is larger than the
    limit, or everything else is being read or written), the shard is streamed without caching.
 
-``flock`` is reliable on local file systems only: share a cache directory between the workers and
+The lock on ``CACHE/.lock`` is a POSIX record lock (``lockf``) taken under a lock of the process:
+unlike an ``flock``, it is not inherited by a DataLoader worker forked while a thread of the parent
+holds it (the child would hold it forever: the thread holding it is not forked). The ``flock`` on a
+partial file or on a shard being read is inherited by a child forked meanwhile: that file then
+stays unevictable (or its partial file alive) until the child exits too, which wastes room, never
+data.
+
+Locks are reliable on local file systems only: share a cache directory between the workers and
 ranks of one machine, not between machines over NFS.
 """
 
@@ -51,6 +58,17 @@ _PARTIAL = ".partial"
 _READ_BUFFER = 1 << 20
 _counter = itertools.count()
 _counter_lock = threading.Lock()
+# Held around the record lock on CACHE/.lock: record locks belong to the process, so two threads
+# would both get one, and closing either's file would release both.
+_process_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _process_lock
+    _process_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def cache_name(shard: str, sha256: str) -> str:
@@ -181,8 +199,8 @@ class ShardCache:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the cache lock: no space is reserved, evicted or committed meanwhile."""
-        with open(self.root / _LOCK_NAME, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with _process_lock, open(self.root / _LOCK_NAME, "a") as f:
+            fcntl.lockf(f, fcntl.LOCK_EX)  # released when f closes
             yield
 
     def _entries(self, *, clean: bool) -> list[CacheEntry]:

@@ -92,7 +92,9 @@ class ShardDataset(IterableDataset[Batch]):
 
     Args:
         source: Directory or URL of a packed dataset (holding ``index.json``): ``s3://bucket/prefix``,
-            ``gs://...``, ``https://host/path`` or any fsspec URL.
+            ``gs://...``, ``https://host/path`` or any fsspec URL; or a
+            :class:`~imgshards.loader.ShardSource` for finer control of remote reading (request
+            size, readahead, retries), which then holds the remote options below.
         split: Which split to read.
         batch_size: Samples per batch.
         mode: ``"train"`` (equal batches on every rank, shuffled) or ``"eval"`` (every sample once).
@@ -124,7 +126,7 @@ class ShardDataset(IterableDataset[Batch]):
 
     def __init__(
         self,
-        source: str | os.PathLike[str],
+        source: str | os.PathLike[str] | ShardSource,
         *,
         split: str = "train",
         batch_size: int = 64,
@@ -159,15 +161,22 @@ class ShardDataset(IterableDataset[Batch]):
             )
         rank, world_size = _resolve_rank(rank, world_size)
 
-        self.source = ShardSource(
-            source,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            prefetch=prefetch,
-        )
+        if isinstance(source, ShardSource):
+            if storage_options is not None or cache_dir is not None or cache_limit is not None:
+                raise ConfigError(
+                    "pass storage_options, cache_dir and cache_limit to the ShardSource, not beside it"
+                )
+            self.source = source
+        else:
+            self.source = ShardSource(
+                source,
+                storage_options=storage_options,
+                cache_dir=cache_dir,
+                cache_limit=cache_limit,
+                prefetch=prefetch,
+            )
         self.root: Path | str = self.source.root if self.source.remote else Path(self.source.root)
-        self.manifest: Manifest = read_manifest(self.root, storage_options=storage_options)
+        self.manifest: Manifest = read_manifest(self.root, storage_options=self.source.storage_options)
         self.split_info: SplitInfo = self.manifest.split(split)
         self.source.check(self.split_info.shards, split)
 
@@ -329,6 +338,8 @@ class ShardDataset(IterableDataset[Batch]):
             batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
             clock.batch_done(len(labels))
             yield batch
+        # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
+        self.source.settle()
 
     def _raw_stream(self, plan: partition.WorkerPlan, epoch: int, worker: int) -> Iterator[RawSample]:
         shards = self.split_info.shards

@@ -151,6 +151,11 @@ class ShardSource:
             return open(self.url(shard.name), "rb", buffering=_READ_BUFFER)
         return self._process().open(shard)
 
+    def settle(self) -> None:
+        """Wait for this process's downloads into the cache to end (before a worker exits)."""
+        if self._state is not None and self._state.pid == os.getpid():
+            self._state.settle()
+
 
 def _local_size(path: Path) -> int | None:
     try:
@@ -239,6 +244,12 @@ class _ProcessState:
             self.downloads[shard.name] = download
             return download
 
+    def settle(self) -> None:
+        with self.lock:
+            downloads = list(self.downloads.values())
+        for download in downloads:
+            download.wait()
+
     def _prefetch_after(self, shard: ShardInfo) -> None:
         assert self.cache is not None
         with self.lock:
@@ -298,6 +309,11 @@ class _Download:
             with self._cond:
                 self.done = True
                 self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            while not self.done:
+                self._cond.wait()
 
     def available(self, pos: int) -> int:
         """Wait until byte ``pos`` is written (or the download ended); return the bytes written."""

@@ -29,6 +29,13 @@ from imgshards.converter.manifest import read_manifest
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 
+def pytest_configure(config):
+    # As in tests/loader: torchvision 0.29 deprecates the codecs the loader decodes with.
+    config.addinivalue_line(
+        "filterwarnings", "ignore:The image decoding and encoding capabilities:DeprecationWarning"
+    )
+
+
 @dataclass
 class Fault:
     """Misbehave on ``times`` GETs, from the ``nth`` (1-based), of the file whose name ends with ``name``."""

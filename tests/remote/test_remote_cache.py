@@ -152,7 +152,7 @@ def test_several_processes_never_exceed_the_limit(tmp_path):
             # Add up the files as a snapshot: under the cache lock no file appears or is renamed
             # (an aborted partial file may go, which only lowers the total).
             with open(tmp_path / ".lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                fcntl.lockf(lock, fcntl.LOCK_EX)
                 total = sum(_size(entry) for entry in os.scandir(tmp_path))
             assert total <= limit
             observed += 1
