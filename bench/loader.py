@@ -247,16 +247,24 @@ def main() -> None:
 
     print(header + f", {os.getloadavg()[0]:.1f} at the end")
     print()
-    print("| preset | pipeline | images/s | imgshards / this | target | CPU ms/img |")
-    print("|---|---|---:|---:|---:|---:|")
+    # Two ratios: of images/s (what the issue's targets are stated in), and of CPU time per image
+    # (this pipeline's over imgshards'), which a shared machine's load moves much less.
+    print("| preset | pipeline | images/s | imgshards / this | CPU ms/img | CPU: this / imgshards | target |")
+    print("|---|---|---:|---:|---:|---:|---|")
     for name, best in results.items():
-        ours = best["imgshards"][0]
+        ours, our_cpu = best["imgshards"]
         for key, (rate, cpu) in best.items():
-            target = f">= {TARGETS[key]:.2f}" if key in TARGETS and name == "train" else ""
-            if target:
-                target += " met" if ours / rate >= TARGETS[key] else " MISSED"
+            target = ""
+            if key in TARGETS and name == "train":
+                verdict = {True: "met", False: "MISSED"}
+                target = (
+                    f">= {TARGETS[key]:.2f}: images/s {verdict[ours / rate >= TARGETS[key]]}, "
+                    f"CPU {verdict[cpu / our_cpu >= TARGETS[key]]}"
+                )
             label = LABELS[key].format(workers=args.workers)
-            print(f"| {name} | {label} | {rate:.0f} | {ours / rate:.2f} | {target} | {cpu:.2f} |")
+            ratios = f"{ours / rate:.2f}", f"{cpu:.2f}", f"{cpu / our_cpu:.2f}"
+            cells = [name, label, f"{rate:.0f}", *ratios, target]
+            print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
