@@ -8,13 +8,13 @@ answer 503, or stall past the client's timeout.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.server
 import logging
 import os
 import re
 import socket
 import sys
-import tarfile
 import threading
 import time
 import uuid
@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from imgshards.converter.manifest import read_manifest
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
@@ -88,6 +86,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     """``SimpleHTTPRequestHandler`` plus single byte ranges, latency, a request log and faults."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else headers and body wait on a delayed ACK (+40 ms a response)
     state: ServerState  # set on the subclass made per server
 
     def __init__(self, *args, **kwargs) -> None:
@@ -139,6 +138,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # the default backlog of 5 drops connections opened at once
 
     def handle_error(self, request, client_address) -> None:
         # A client that gave up on a response (a timeout being tested) is not a server bug.
@@ -210,17 +210,26 @@ def _no_aws_env(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def index_keys():
-    """``index_keys(root, split="train")``: every sample key of a packed split, read with tarfile."""
+def cache_bytes():
+    """``cache_bytes(dir)``: bytes of the files in a cache directory, added up under its lock.
 
-    def keys_of(root: Path, split: str = "train") -> list[str]:
-        keys = []
-        for shard in read_manifest(root).split(split).shards:
-            with tarfile.open(root / shard.name) as tar:
-                keys.extend(sorted({m.name.split(".", 1)[0] for m in tar}))
-        return keys
+    Under the lock no file appears or is renamed, so the sum is a snapshot (a partial file aborted
+    meanwhile may go, which only lowers it).
+    """
 
-    return keys_of
+    def total(cache: Path) -> int:
+        with open(cache / ".lock", "a") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+            return sum(_size(entry) for entry in os.scandir(cache))
+
+    return total
+
+
+def _size(entry: os.DirEntry) -> int:
+    try:
+        return entry.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 REMOTE_SHARD_SIZE = 30_000
