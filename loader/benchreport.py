@@ -340,12 +340,15 @@ def plot_sweep(report: BenchReport, path: str | Path) -> None:
     fig = Figure(figsize=(6.4, 4.0), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     ax.plot(workers, ours, "o-", color="tab:blue", label="imgshards")
-    _label_cpu_share(ax, [p.imgshards for p in report.points], "tab:blue", 6)
-    folder = [p.imagefolder for p in report.points if p.imagefolder is not None]
+    for p in report.points:
+        # Each label on the outer side of its point, so the two pipelines' labels do not collide.
+        above = p.imagefolder is None or p.imgshards.images_per_s >= p.imagefolder.images_per_s
+        _label_cpu_share(ax, p.imgshards, "tab:blue", above)
+        if p.imagefolder is not None:
+            _label_cpu_share(ax, p.imagefolder, "tab:orange", not above)
+    folder = [p.imagefolder.images_per_s for p in report.points if p.imagefolder is not None]
     if len(folder) == len(workers):
-        theirs = [r.images_per_s for r in folder]
-        ax.plot(workers, theirs, "s-", color="tab:orange", label="ImageFolder + DataLoader")
-        _label_cpu_share(ax, folder, "tab:orange", -12)
+        ax.plot(workers, folder, "s-", color="tab:orange", label="ImageFolder + DataLoader")
     base = next(((w, r) for w, r in zip(workers, ours, strict=True) if w > 0), None)
     if base is not None and len(workers) > 1:
         ideal = [base[1] * max(w, 1) / base[0] for w in workers]
@@ -371,14 +374,13 @@ def plot_sweep(report: BenchReport, path: str | Path) -> None:
     fig.savefig(path, format="png")
 
 
-def _label_cpu_share(ax: Any, runs: list[RunResult], color: str, dy: float) -> None:
-    for r in runs:
-        ax.annotate(
-            f"{r.cpu_share:.0%}",
-            (r.workers, r.images_per_s),
-            xytext=(0, dy),
-            textcoords="offset points",
-            ha="center",
-            fontsize=7,
-            color=color,
-        )
+def _label_cpu_share(ax: Any, run: RunResult, color: str, above: bool) -> None:
+    ax.annotate(
+        f"{run.cpu_share:.0%}",
+        (run.workers, run.images_per_s),
+        xytext=(0, 6 if above else -12),
+        textcoords="offset points",
+        ha="center",
+        fontsize=7,
+        color=color,
+    )
