@@ -142,3 +142,16 @@ def test_bad_arguments_are_config_errors(tmp_path):
         ShardSource("http://127.0.0.1:1/x", cache_dir=tmp_path)
     with pytest.raises(ConfigError, match="cache_limit must be a positive"):
         ShardSource("http://127.0.0.1:1/x", cache_dir=tmp_path, cache_limit=0)
+
+
+def test_a_caching_reader_gets_its_first_bytes_before_the_shard_arrives(http_serve, remote_packed, tmp_path):
+    base, _ = http_serve(remote_packed, latency=0.15)
+    shard = shards_of(remote_packed)[0]  # 30 kB: four requests of 8 kB, one in flight at a time
+    cache = tmp_path / "cache"
+    src = source(base, cache_dir=cache, cache_limit=10**6, prefetch=0, readahead=1)
+    with src.open(shard) as f:
+        head = f.read(512)
+        assert not list(cache.glob("*.tar"))  # the shard is still arriving, into a partial file
+        rest = f.read()
+    assert head + rest == (remote_packed / shard.name).read_bytes()
+    wait_for(lambda: len(list(cache.glob("*.tar"))) == 1)
