@@ -204,6 +204,9 @@ class _ProcessState:
             self.furthest = -1
 
     def open(self, shard: ShardInfo) -> BinaryIO:
+        with self.lock:  # forget finished downloads (their readers keep what they need)
+            for name in [n for n, d in self.downloads.items() if d.done]:
+                del self.downloads[name]
         f = self._open(shard)
         if self.cache is not None and self.source.prefetch:
             self._prefetch_after(shard)
@@ -255,8 +258,6 @@ class _ProcessState:
         with self.lock:
             self.furthest = max(self.furthest, self.position.get(shard.name, -1))
             ahead = self.order[self.furthest + 1 : self.furthest + 1 + self.source.prefetch]
-            for name in [n for n, d in self.downloads.items() if d.done]:
-                del self.downloads[name]
         for nxt in ahead:
             if not self.cache.path(nxt.name, nxt.sha256).exists():
                 self._download(nxt)
