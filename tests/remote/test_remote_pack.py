@@ -165,3 +165,9 @@ def test_cli_pack_info_verify_on_a_url(s3, remote_tree):
     assert missing.exit_code == 1 and "no index.json at" in missing.output
     local_only = runner.invoke(cli, ["pack", str(remote_tree), str(Path("x")), "-o", "a=b"])
     assert local_only.exit_code == 2 and "URL destination only" in local_only.output
+
+
+def test_the_converter_imports_fsspec_only_for_urls():
+    code = "import sys, imgshards.converter, imgshards.loader; print('fsspec' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"
