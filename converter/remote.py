@@ -34,20 +34,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import STATE_DIR, PackConfig, PackHooks, PackResult, pack
-from .verify import ShardProblem, VerifyReport, _HashingReader
+from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
 __all__ = ["pack_to_url", "verify_url"]
@@ -118,60 +118,16 @@ def verify_url(
     """
     remote = _Remote(url, storage_options or {})
     manifest = read_manifest(url, storage_options=storage_options)
-    names = splits or sorted(manifest.splits)
-    jobs = [(name, shard) for name in names for shard in manifest.split(name).shards]
-    problems: list[ShardProblem] = []
-    per_split: dict[str, Counter[int]] = {name: Counter() for name in names}
+    jobs = shard_jobs(manifest, splits)
+    num_classes = len(manifest.classes)
+
+    def check(shard: ShardInfo) -> tuple[list[str], Counter[int]]:
+        opener = partial(remote.fs.open, remote.path(shard.name), "rb", block_size=_READ_BLOCK)
+        return check_shard_stream(opener, shard, num_classes)
+
     # Threads: the work is waiting on the network and hashing, which releases the GIL.
     with ThreadPoolExecutor(min(workers or 8, max(1, len(jobs)))) as pool:
-        futures = [pool.submit(_check_remote_shard, remote, s, len(manifest.classes)) for _, s in jobs]
-        for (split, shard), future in zip(jobs, futures, strict=True):
-            found, labels = future.result()
-            problems.extend(ShardProblem(split, shard.name, p) for p in found)
-            per_split[split].update(labels)
-    for name in names:
-        counts = tuple(per_split[name].get(i, 0) for i in range(len(manifest.classes)))
-        if counts != manifest.split(name).class_counts and not any(p.split == name for p in problems):
-            problems.append(ShardProblem(name, "*", "per-class counts differ from the index"))
-    samples = sum(manifest.split(n).samples for n in names)
-    return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
-
-
-def _check_remote_shard(
-    remote: _Remote, expected: ShardInfo, num_classes: int
-) -> tuple[list[str], Counter[int]]:
-    """Problems of one remote shard (as :mod:`.verify` finds them locally), and its labels."""
-    labels: Counter[int] = Counter()
-    keys: set[str] = set()
-    problems: list[str] = []
-    try:
-        with remote.fs.open(remote.path(expected.name), "rb", block_size=_READ_BLOCK) as f:
-            reader = _HashingReader(f)
-            try:
-                with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
-                    for member in tar:
-                        key, _, ext = member.name.partition(".")
-                        keys.add(key)
-                        if ext == "cls":
-                            data = tar.extractfile(member)
-                            label = int(data.read()) if data else -1
-                            if not 0 <= label < num_classes:
-                                problems.append(
-                                    f"sample {key} has label {label}, outside 0..{num_classes - 1}"
-                                )
-                            labels[label] += 1
-            except (tarfile.TarError, ValueError) as e:
-                problems.append(f"unreadable tar ({e})")
-            reader.drain()
-    except FileNotFoundError:
-        return [f"missing (expected {expected.bytes} bytes)"], labels
-    if reader.size != expected.bytes:
-        problems.append(f"{reader.size} bytes, index says {expected.bytes}")
-    if reader.sha.hexdigest() != expected.sha256:
-        problems.append("SHA-256 differs from the index: the file changed or is damaged")
-    if len(keys) != expected.samples or sum(labels.values()) != expected.samples:
-        problems.append(f"{len(keys)} samples, index says {expected.samples}")
-    return problems, labels
+        return build_report(manifest, jobs, pool.map(check, [shard for _, shard in jobs]))
 
 
 class _Remote:

@@ -6,6 +6,8 @@ import hashlib
 import os
 import tarfile
 from collections import Counter
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -13,7 +15,15 @@ from typing import BinaryIO
 from .manifest import Manifest, ShardInfo, read_manifest
 from .pool import default_workers, start_pool
 
-__all__ = ["ShardProblem", "VerifyReport", "hash_file", "verify"]
+__all__ = [
+    "ShardProblem",
+    "VerifyReport",
+    "build_report",
+    "check_shard_stream",
+    "hash_file",
+    "shard_jobs",
+    "verify",
+]
 
 _CHUNK = 1 << 20
 
@@ -72,15 +82,19 @@ class _HashingReader:
             pass
 
 
-def _check_shard(
-    path: str, expected: ShardInfo, split: str, num_classes: int
+def check_shard_stream(
+    opener: Callable[[], AbstractContextManager[BinaryIO]], expected: ShardInfo, num_classes: int
 ) -> tuple[list[str], Counter[int]]:
-    """Problems found in one shard, and the labels it holds."""
+    """Problems found in one shard read once from ``opener()``, and the labels it holds.
+
+    ``opener`` opens the shard for reading (a local file, an fsspec file); a shard it cannot find
+    (``FileNotFoundError``) is reported missing.
+    """
     labels: Counter[int] = Counter()
     keys: set[str] = set()
     problems: list[str] = []
     try:
-        with open(path, "rb") as f:
+        with opener() as f:
             reader = _HashingReader(f)
             try:
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
@@ -109,6 +123,43 @@ def _check_shard(
     return problems, labels
 
 
+def shard_jobs(manifest: Manifest, splits: list[str] | None) -> list[tuple[str, ShardInfo]]:
+    """(split, shard) for every shard of ``splits`` (default all), splits in name order."""
+    names = splits or sorted(manifest.splits)
+    return [(name, shard) for name in names for shard in manifest.split(name).shards]
+
+
+def build_report(
+    manifest: Manifest,
+    jobs: list[tuple[str, ShardInfo]],
+    results: Iterable[tuple[list[str], Counter[int]]],
+) -> VerifyReport:
+    """The report over ``jobs`` (split, shard) from their :func:`check_shard_stream` results, in order.
+
+    Adds a split-wide problem when the labels found add up to other per-class counts than the index's
+    (only where no shard of the split already has a problem, which would explain it).
+    """
+    names = sorted({split for split, _ in jobs})
+    problems: list[ShardProblem] = []
+    per_split: dict[str, Counter[int]] = {name: Counter() for name in names}
+    for (split, shard), (found, labels) in zip(jobs, results, strict=True):
+        problems.extend(ShardProblem(split, shard.name, p) for p in found)
+        per_split[split].update(labels)
+    for name in names:
+        counts = tuple(per_split[name].get(i, 0) for i in range(len(manifest.classes)))
+        if counts != manifest.split(name).class_counts and not any(p.split == name for p in problems):
+            problems.append(ShardProblem(name, "*", "per-class counts differ from the index"))
+    samples = sum(manifest.split(n).samples for n in names)
+    return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
+
+
+def _check_local_shard(path: str, expected: ShardInfo, num_classes: int) -> tuple[list[str], Counter[int]]:
+    def opener() -> BinaryIO:
+        return open(path, "rb")
+
+    return check_shard_stream(opener, expected, num_classes)
+
+
 def verify(
     root: str | os.PathLike[str], *, splits: list[str] | None = None, workers: int | None = None
 ) -> VerifyReport:
@@ -120,25 +171,13 @@ def verify(
     """
     root = Path(root)
     manifest: Manifest = read_manifest(root)
-    names = splits or sorted(manifest.splits)
-    jobs = [(name, shard) for name in names for shard in manifest.split(name).shards]
-    problems: list[ShardProblem] = []
+    jobs = shard_jobs(manifest, splits)
     pool = start_pool(min(workers or default_workers(), max(1, len(jobs))))
     try:
         futures = [
-            pool.submit(_check_shard, str(root / shard.name), shard, split, len(manifest.classes))
-            for split, shard in jobs
+            pool.submit(_check_local_shard, str(root / shard.name), shard, len(manifest.classes))
+            for _, shard in jobs
         ]
-        per_split: dict[str, Counter[int]] = {name: Counter() for name in names}
-        for (split, shard), future in zip(jobs, futures, strict=True):
-            found, labels = future.result()
-            problems.extend(ShardProblem(split, shard.name, p) for p in found)
-            per_split[split].update(labels)
+        return build_report(manifest, jobs, (future.result() for future in futures))
     finally:
         pool.shutdown()
-    for name in names:
-        counts = tuple(per_split[name].get(i, 0) for i in range(len(manifest.classes)))
-        if counts != manifest.split(name).class_counts and not any(p.split == name for p in problems):
-            problems.append(ShardProblem(name, "*", "per-class counts differ from the index"))
-    samples = sum(manifest.split(n).samples for n in names)
-    return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
