@@ -1,10 +1,13 @@
 """Guards for the layout traps: subpackages dropping out of the wheel, `converter` imported twice."""
 
 import ast
+import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,3 +80,26 @@ def test_converter_never_imports_the_loader_or_the_cli():
         if m.split(".")[0] in ("click", "torch", "torchvision")
         or m.startswith(("imgshards.loader", "imgshards.cli"))
     }
+
+
+# Distribution name -> the module it installs, where they differ.
+_MODULE_OF = {"pillow": "PIL"}
+
+
+def test_core_dependencies_are_exactly_what_the_packages_import():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = _modules(project["dependencies"])
+    extras = _modules(project["optional-dependencies"]["plot"])  # imported only by `bench --plot`
+    imported = (
+        {m.split(".")[0] for folder in ("converter", "loader", "cli") for m in _imports(folder)}
+        - set(sys.stdlib_module_names)
+        - {"imgshards"}
+    )
+    assert imported - core <= extras, f"imported but not a dependency: {sorted(imported - core - extras)}"
+    assert core <= imported, f"a dependency nothing imports: {sorted(core - imported)}"
+
+
+def _modules(requirements: list[str]) -> set[str]:
+    names = (re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0].lower() for req in requirements)
+    return {_MODULE_OF.get(name, name) for name in names}
