@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -21,8 +22,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 from tqdm import tqdm
 
 from .check import Check
@@ -32,7 +34,7 @@ from .plan import Plan, make_plan
 from .pool import default_workers, shared_counter, start_pool, worker_state
 from .scan import Reject, ScanResult, scan_tree
 from .verify import hash_file
-from .write import ShardRecord, ShardTask, write_atomic, write_shard
+from .write import GatherTask, ShardRecord, ShardTask, gather, write_atomic, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "pack"]
 
@@ -41,6 +43,12 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = 256 * 10**6
 STATE_DIR = ".imgshards"
 _SPLIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+# Gather tasks: runs of the tree in inode order, each read by one worker (see :mod:`.write`).
+_BUCKETS = "buckets"
+_GATHER_FILES = 1 << 16
+_GATHER_BYTES = 256 << 20
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,24 +315,16 @@ def _write_all(
     records = _check_done(pool, plan, dst, state, config.split, hooks)
     todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
-    bar = tqdm(
-        total=sum(len(plan.shard(i)) for i in todo),
-        desc=f"pack {config.split}",
-        unit=" img",
-        disable=not config.progress,
-        smoothing=0.1,
-    )
+    buckets = _gather(pool, workers, scan, plan, todo, state, config, counter)
 
     def make_task(i: int) -> ShardTask:
         idx = plan.shard(i)
         return ShardTask(
             index=i,
             name=_shard_name(config.split, i),
-            src=str(scan.root),
             dst=str(dst),
+            buckets=tuple(sorted(buckets.get(i, ()))),
             paths=scan.paths.take(idx),
-            sizes=scan.sizes[idx],
-            inodes=scan.inodes[idx],
             labels=scan.labels[idx],
             keys=idx,
             classes=scan.classes,
@@ -334,26 +334,103 @@ def _write_all(
             quality=config.quality,
         )
 
-    # Keep a few tasks per worker queued, not all: each task holds its shard's paths.
-    in_flight: dict[Future[ShardRecord], int] = {}
-    queue = iter(todo)
-    with bar:
+    tasks = (make_task(i) for i in todo)
+    bar = _Bar(f"pack {config.split}", sum(len(plan.shard(i)) for i in todo), config.progress)
+    for task, record in _run(pool, workers, _write_in_worker, tasks, counter, bar):
+        write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode())
+        records[task.index] = record
+        hooks.on_shard(dst / record.name, record)
+    shutil.rmtree(state / _BUCKETS, ignore_errors=True)
+    return len(todo), reused, [records[i] for i in range(plan.num_shards)]
+
+
+def _gather(
+    pool: ProcessPoolExecutor,
+    workers: int,
+    scan: ScanResult,
+    plan: Plan,
+    todo: list[int],
+    state: Path,
+    config: PackConfig,
+    counter: Any,
+) -> dict[int, list[str]]:
+    """Read the files of the shards in ``todo`` in inode order into buckets; return each shard's."""
+    bucket_dir = state / _BUCKETS
+    shutil.rmtree(bucket_dir, ignore_errors=True)  # an interrupted run's: its shards are redone whole
+    bucket_dir.mkdir()
+    if not todo:
+        return {}
+    shard_of = np.full(len(scan), -1, dtype=np.int64)
+    slot_of = np.zeros(len(scan), dtype=np.int64)
+    for i in todo:
+        idx = plan.shard(i)
+        shard_of[idx] = i
+        slot_of[idx] = np.arange(len(idx))
+    wanted = np.flatnonzero(shard_of >= 0)
+    wanted = wanted[np.argsort(scan.inodes[wanted], kind="stable")]
+    ends = np.cumsum(scan.sizes[wanted])
+    cuts, start = [0], 0
+    while start < len(wanted):  # runs of at most _GATHER_FILES files and about _GATHER_BYTES bytes
+        base = ends[start - 1] if start else 0
+        stop = int(np.searchsorted(ends, base + _GATHER_BYTES, side="right"))
+        start = min(max(stop, start + 1), start + _GATHER_FILES, len(wanted))
+        cuts.append(start)
+    tasks = (
+        GatherTask(
+            src=str(scan.root),
+            buckets=str(bucket_dir),
+            paths=scan.paths.take(run),
+            sizes=scan.sizes[run],
+            shards=shard_of[run],
+            slots=slot_of[run],
+        )
+        for run in (wanted[lo:hi] for lo, hi in itertools.pairwise(cuts))
+    )
+    buckets: dict[int, list[str]] = {}
+    bar = _Bar(f"read {config.split}", len(wanted), config.progress)
+    for _, written in _run(pool, workers, _gather_in_worker, tasks, counter, bar):
+        for shard, path in written.items():
+            if path not in buckets.setdefault(shard, []):
+                buckets[shard].append(path)
+    return buckets
+
+
+@dataclass(frozen=True)
+class _Bar:
+    desc: str
+    total: int
+    enabled: bool
+
+
+def _run(
+    pool: ProcessPoolExecutor,
+    workers: int,
+    fn: Callable[[T], R],
+    tasks: Iterator[T],
+    counter: Any,
+    bar: _Bar,
+) -> Iterator[tuple[T, R]]:
+    """Run ``fn`` over ``tasks`` in the pool and yield each task with its result as they finish.
+
+    Only a few tasks per worker are queued at a time (each holds its paths). The progress bar shows
+    the files the workers count in ``counter``.
+    """
+    with counter.get_lock():
+        counter.value = 0
+    in_flight: dict[Future[R], T] = {}
+    with tqdm(total=bar.total, desc=bar.desc, unit=" img", disable=not bar.enabled, smoothing=0.1) as shown:
         while True:
-            for i in queue:
-                in_flight[pool.submit(_write_in_worker, make_task(i))] = i
+            for task in tasks:
+                in_flight[pool.submit(fn, task)] = task
                 if len(in_flight) >= 2 * workers:
                     break
             if not in_flight:
                 break
             done, _ = wait(in_flight, timeout=0.25, return_when=FIRST_COMPLETED)
-            bar.n = counter.value
-            bar.refresh()
+            shown.n = counter.value
+            shown.refresh()
             for future in done:
-                record = future.result()
-                write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode())
-                records[in_flight.pop(future)] = record
-                hooks.on_shard(dst / record.name, record)
-    return len(todo), reused, [records[i] for i in range(plan.num_shards)]
+                yield in_flight.pop(future), future.result()
 
 
 def _check_done(
@@ -376,6 +453,10 @@ def _check_done(
 
 def _write_in_worker(task: ShardTask) -> ShardRecord:
     return write_shard(task, worker_state().get("counter"))
+
+
+def _gather_in_worker(task: GatherTask) -> dict[int, str]:
+    return gather(task, worker_state().get("counter"))
 
 
 def _finish(

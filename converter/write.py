@@ -1,6 +1,18 @@
-"""Write one shard: read its files, check them, append the good ones to a tar, commit atomically.
+"""Read the tree in disk order into per-shard buckets, then write each shard from its buckets.
 
-Runs in a worker process. A shard is first written to a hidden temporary name beside its final one,
+Both phases run in worker processes.
+
+**Gather.** The plan's global shuffle spreads every shard over the whole tree: read shard by shard,
+a cold tree of small files is random I/O, which a disk (worse, a network disk) serves several
+times slower than reading the same files in the order they lie on it. So the files are read first
+in inode order (on common file systems close to the order of their data on disk), a range of it per
+task, and each file's bytes are appended to a bucket of the shard the plan puts it in, tagged with
+its position in that shard. Buckets live in the pack's state directory and are read back
+sequentially; they hold the split's image bytes once, about the size of the shards to come, and are
+deleted as their shard is written.
+
+**Write.** A shard's buckets are read into memory, the samples put in plan order, checked, and
+appended to a tar. A shard is first written to a hidden temporary name beside its final one,
 fsynced, then renamed, so a shard under its final name is always whole; its record (sample count,
 size, SHA-256, per-class counts, rejects) is written the same way after it, and is what marks the
 shard as done for a resumed run (the parent writes it, see :mod:`.pack`).
@@ -10,12 +22,13 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
@@ -24,28 +37,40 @@ from .check import Check, Inspection, Reason, inspect_image
 from .scan import PathTable, Reject
 from .tarwriter import TarWriter
 
-__all__ = ["ShardRecord", "ShardTask", "write_atomic", "write_shard"]
+__all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "write_atomic", "write_shard"]
 
-# Files are read a window at a time, in inode order, which on common file systems is close to the
-# order of their data on disk (the global shuffle would otherwise turn a cold read of a tree of small
-# files into random I/O). While a window is being written out, the kernel is already reading the
-# next one (posix_fadvise WILLNEED): I/O overlaps the work with no reading threads, whose fight for
+# A gather task reads its files a window at a time; while a window is being bucketed, the kernel is
+# already reading the next one (posix_fadvise WILLNEED), many requests at once that the block layer
+# merges where files lie side by side: I/O overlaps the work with no reading threads, whose fight for
 # the GIL cost more than reading a small file.
 _WINDOW_FILES = 1 << 14
 _WINDOW_BYTES = 64 << 20
+# A bucket record: position in the shard, payload length, errno (0: the payload is the file's bytes;
+# otherwise the file could not be read and the payload is the error message).
+_RECORD = struct.Struct("<IIi")
+
+
+@dataclass(frozen=True)
+class GatherTask:
+    """A run of files to read in the given order and append to the buckets of their shards."""
+
+    src: str
+    buckets: str
+    paths: PathTable
+    sizes: np.ndarray
+    shards: np.ndarray
+    slots: np.ndarray
 
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Everything a worker needs to write one shard."""
+    """Everything a worker needs to write one shard from its buckets."""
 
     index: int
     name: str
-    src: str
     dst: str
+    buckets: tuple[str, ...]
     paths: PathTable
-    sizes: np.ndarray
-    inodes: np.ndarray
     labels: np.ndarray
     keys: np.ndarray
     classes: tuple[str, ...]
@@ -136,7 +161,7 @@ def _windows(sizes: list[int]) -> Iterator[range]:
         yield range(start, len(sizes))
 
 
-def _prefetch(paths: list[str], indices: list[int]) -> None:
+def _prefetch(paths: list[str], indices: Iterable[int]) -> None:
     """Ask the kernel to start reading these files into the page cache; returns at once."""
     if not hasattr(os, "posix_fadvise"):
         return
@@ -151,17 +176,78 @@ def _prefetch(paths: list[str], indices: list[int]) -> None:
             os.close(fd)
 
 
-def _read_ahead(paths: list[str], sizes: list[int], inodes: list[int]) -> Iterator[bytes | OSError]:
-    """Yield each file's bytes in the given order, reading a window at a time in inode order."""
-    windows = [(w, sorted(w, key=inodes.__getitem__)) for w in _windows(sizes)]
+def _read_ahead(paths: list[str], sizes: list[int]) -> Iterator[bytes | OSError]:
+    """Yield each file's bytes in order, the kernel reading one window ahead."""
+    windows = list(_windows(sizes))
     if windows:
-        _prefetch(paths, windows[0][1])
-    for k, (window, by_inode) in enumerate(windows):
-        data = {i: _read(paths[i], sizes[i]) for i in by_inode}
+        _prefetch(paths, windows[0])
+    for k, window in enumerate(windows):
         if k + 1 < len(windows):
-            _prefetch(paths, windows[k + 1][1])
+            _prefetch(paths, windows[k + 1])
         for i in window:
-            yield data.pop(i)
+            yield _read(paths[i], sizes[i])
+
+
+def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
+    """Read the task's files in order into the buckets of their shards; return the buckets written.
+
+    Bucket files are named after the shard and this process, so tasks running at once never write
+    the same file; a process appends to its own buckets from task to task.
+
+    Args:
+        task: The files to read.
+        counter: A shared ``multiprocessing.Value`` bumped by the number of files read, for the
+            parent's progress bar; ``None`` for no progress.
+
+    """
+    buffers: dict[int, bytearray] = {}
+    written: dict[int, str] = {}
+
+    def flush() -> None:
+        for shard, buffer in buffers.items():
+            path = written.setdefault(shard, os.path.join(task.buckets, f"{shard:06d}-{os.getpid()}.bin"))
+            with open(path, "ab") as f:
+                f.write(buffer)
+        buffers.clear()
+
+    buffered = 0
+    shards, slots = task.shards.tolist(), task.slots.tolist()
+    full_paths = [os.path.join(task.src, p) for p in task.paths]
+    for i, data in enumerate(_read_ahead(full_paths, task.sizes.tolist())):
+        if isinstance(data, OSError):
+            payload, error = (data.strerror or str(data)).encode(), data.errno or -1
+        else:
+            payload, error = data, 0
+        buffer = buffers.setdefault(shards[i], bytearray())
+        buffer += _RECORD.pack(slots[i], len(payload), error)
+        buffer += payload
+        buffered += len(payload)
+        if buffered >= _WINDOW_BYTES:
+            flush()
+            buffered = 0
+        if counter is not None and i % 256 == 255:
+            with counter.get_lock():
+                counter.value += 256
+    flush()
+    if counter is not None:
+        with counter.get_lock():
+            counter.value += len(full_paths) % 256
+    return written
+
+
+def _load_buckets(buckets: tuple[str, ...], count: int, shard: str) -> list[bytes | OSError]:
+    """The bytes (or read error) of each of a shard's ``count`` files, in plan order."""
+    files: list[bytes | OSError | None] = [None] * count
+    for path in buckets:
+        with open(path, "rb", buffering=1 << 20) as f:
+            while header := f.read(_RECORD.size):
+                slot, length, error = _RECORD.unpack(header)
+                payload = f.read(length)
+                files[slot] = payload if error == 0 else OSError(error, payload.decode())
+    missing = files.count(None)
+    if missing:  # a bug, not bad input: every planned file is gathered, readable or not
+        raise RuntimeError(f"{missing} of the {count} files of {shard} are missing from its buckets")
+    return cast(list[bytes | OSError], files)
 
 
 def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection]:
@@ -201,10 +287,10 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     samples = done = 0
     class_json = [encode_basestring_ascii(name) for name in task.classes]
     rel_paths = list(task.paths)
+    files = _load_buckets(task.buckets, len(rel_paths), task.name)
     with open(tmp, "wb", buffering=1 << 20) as f:
         tar = TarWriter(f)
-        full_paths = [os.path.join(task.src, p) for p in rel_paths]
-        for i, data in enumerate(_read_ahead(full_paths, task.sizes.tolist(), task.inodes.tolist())):
+        for i, data in enumerate(files):
             rel = rel_paths[i]
             outcome = _inspect(rel, data, task)
             if isinstance(outcome, Reject):
@@ -235,6 +321,8 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         os.fsync(f.fileno())
     os.replace(tmp, final)
     _fsync_dir(dst)
+    for bucket in task.buckets:
+        os.unlink(bucket)
     if counter is not None:
         with counter.get_lock():
             counter.value += done % 256

@@ -46,12 +46,13 @@ def _kill_when(cmd: list[str], ready) -> None:
     proc.wait()
 
 
-@pytest.mark.parametrize("moment", ["first-partial", "first-shard", "half-done"])
+@pytest.mark.parametrize("moment", ["gathering", "first-partial", "first-shard", "half-done"])
 def test_rerun_after_sigkill_gives_identical_output(reference, tmp_path, moment):
     src, expected = reference
     out = tmp_path / "out"
     shards = len([n for n in expected if n.endswith(".tar")])
     ready = {
+        "gathering": lambda: any(out.glob(".imgshards/train/buckets/*.bin")),
         "first-partial": lambda: any(out.glob(".train-*.partial")),
         "first-shard": lambda: any(out.glob("train-*.tar")),
         "half-done": lambda: len(list(out.glob("train-*.tar"))) >= shards // 2,
@@ -61,5 +62,6 @@ def test_rerun_after_sigkill_gives_identical_output(reference, tmp_path, moment)
     done = subprocess.run([*PACK, str(src), str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert _files(out) == expected
+    assert not (out / ".imgshards" / "train" / "buckets").exists(), "buckets left behind"
     if moment == "half-done":
         assert "0 reused" not in done.stdout
