@@ -315,7 +315,9 @@ def _write_all(
     records = _check_done(pool, plan, dst, state, config.split, hooks)
     todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
+    started = time.perf_counter()
     buckets = _gather(pool, workers, scan, plan, todo, state, config, counter)
+    log.info("gathered the files of %d shards in %.1f s", len(todo), time.perf_counter() - started)
 
     def make_task(i: int) -> ShardTask:
         idx = plan.shard(i)
