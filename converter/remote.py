@@ -1,8 +1,9 @@
 """Pack to a URL and verify a dataset at a URL (``s3://``, ``gs://``, any fsspec file system).
 
 ``pack_to_url`` runs the ordinary :func:`~.pack.pack` into a local *staging* directory and uploads
-each shard as soon as it is committed there (then deletes the local copy, so staging holds only the
-shards in flight). The remote layout is the local one, the pack state included::
+each shard as soon as it is committed there (then deletes the local copy: staging holds the split's
+images once, read from the tree in disk order, then only the shards in flight). The remote layout
+is the local one, the pack state included::
 
     URL/index.json  URL/_info.json  URL/{split}-000000.tar ...  URL/{split}-rejects.jsonl
     URL/.imgshards/{split}/plan.json  URL/.imgshards/{split}/{split}-000000.tar.json ...
@@ -76,7 +77,8 @@ def pack_to_url(
         config: How to pack, as for :func:`~imgshards.converter.pack`.
         storage_options: Options of the destination's fsspec file system (endpoint, credentials).
         staging: Local directory where shards are written before upload; default a temporary
-            directory, removed at the end. Needs room for the shards in flight only.
+            directory, removed at the end. Needs room for the split's images (gathered there in disk
+            order before the shards are written).
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree.
