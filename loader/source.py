@@ -36,7 +36,7 @@ from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_pa
 
 from .cache import Reservation, ShardCache
 from .errors import ConfigError, ShardReadError
-from .stream import DEFAULT_CHUNK_SIZE, RangeReader, RetryPolicy
+from .stream import DEFAULT_CHUNK_SIZE, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
 
@@ -333,30 +333,15 @@ class _Download:
             os.close(self._fd)
 
 
-class _TailReader(io.RawIOBase):
+class _TailReader(SeekableRawReader):
     """Reads a shard from the partial file its download is writing, waiting for bytes not yet there."""
 
     def __init__(self, download: _Download) -> None:
-        super().__init__()
+        super().__init__(download.size, download.shard.name)
         self._download = download
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._download.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def readinto(self, b: Any) -> int:
-        if self._pos >= self._download.size:
+        if self._pos >= self._size:
             return 0
         written = self._download.available(self._pos)
         out = memoryview(b).cast("B")[: written - self._pos]

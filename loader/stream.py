@@ -30,7 +30,7 @@ from typing import Any
 
 from .errors import ShardReadError
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "Fetch", "RangeReader", "RetryPolicy", "is_transient"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "Fetch", "RangeReader", "RetryPolicy", "SeekableRawReader", "is_transient"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,41 @@ def is_transient(error: BaseException) -> bool:
     return not isinstance(error, _PERMANENT)
 
 
-class RangeReader(io.RawIOBase):
+class SeekableRawReader(io.RawIOBase):
+    """A read-only raw stream over ``size`` bytes with a read position; subclasses fill ``readinto``.
+
+    Seeking only moves the position (never past the end of what can be read: a later read there gives
+    nothing); a negative position is a ``ValueError``, as for a file.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        super().__init__()
+        self._size = size
+        self._pos = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        """Return True."""
+        return True
+
+    def seekable(self) -> bool:
+        """Return True: a seek costs nothing until the next read."""
+        return True
+
+    def tell(self) -> int:
+        """Return the read position."""
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move the read position."""
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset} in {self.name}")
+        self._pos = base + offset
+        return self._pos
+
+
+class RangeReader(SeekableRawReader):
     """A read-only, seekable raw stream over one object of known size, fetched in ranged requests.
 
     Wrap it in :class:`io.BufferedReader` for small reads. Seeking past the chunks in flight drops
@@ -116,43 +150,18 @@ class RangeReader(io.RawIOBase):
         readahead: int = 2,
         retry: RetryPolicy | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(size, name)
         if chunk_size < 1 or readahead < 1:
             raise ValueError(f"chunk_size and readahead must be >= 1, got {chunk_size}, {readahead}")
         self._fetch = fetch
-        self._size = size
-        self.name = name
         self._chunk_size = chunk_size
         self._readahead = readahead
         self._retry = retry or RetryPolicy()
-        self._pos = 0
         self._buf = memoryview(b"")
         self._buf_start = 0
         self._pending: deque[tuple[int, int, Future[bytes]]] = deque()
         self._next = 0  # first byte not yet requested
         self.retries = 0  # failed tries that were repeated, over the life of the stream
-
-    # ---- io.RawIOBase -------------------------------------------------------------------------
-
-    def readable(self) -> bool:
-        """Return True."""
-        return True
-
-    def seekable(self) -> bool:
-        """Return True: any position can be read (one outside what is in flight starts a new request)."""
-        return True
-
-    def tell(self) -> int:
-        """Return the read position."""
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        """Move the read position; no request is made until the next read."""
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset} in {self.name}")
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, b: Any) -> int:
         """Read into ``b`` until it is full or the object ends, waiting for chunks as needed."""
