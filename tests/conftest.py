@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import io
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
-from imgshards.converter import PackConfig, make_synthetic_tree, pack
+from imgshards.converter import PackConfig, pack
 
 # ../shared/tools/make_imagefolder.py cuts real photos into ImageFolder trees; CI has shared/ beside
-# the checkout. Without it the tests fall back to the package's own synthetic images.
+# the checkout. Without it (a clone elsewhere) the tests fall back to `_make_tree_without_photos`,
+# which keeps the same contract.
 MAKE_IMAGEFOLDER = Path(__file__).resolve().parents[2] / "shared" / "tools" / "make_imagefolder.py"
+PROFILE_SIZES = {"tiny": (64, 48), "imagenet": (500, 375)}
 
 
 def make_tree(
@@ -38,8 +43,28 @@ def make_tree(
         ]
         subprocess.run(cmd, check=True, capture_output=True)
     else:
-        make_synthetic_tree(root, classes=min(classes, 8), per_class=per_class, seed=seed)
+        _make_tree_without_photos(root, classes, per_class, PROFILE_SIZES[profile], seed)
     return root
+
+
+def _make_tree_without_photos(
+    root: Path, classes: int, per_class: int, size: tuple[int, int], seed: int
+) -> None:
+    """What ``make_imagefolder.py`` makes, from smooth random images instead of photo crops.
+
+    Same names (``n<class:08d>/n<class:08d>_<i>.JPEG``), one fixed size per profile, every image
+    distinct, the same tree for the same arguments: the properties the tests rely on.
+    """
+    for cls in range(classes):
+        rng = random.Random(f"{seed}/{cls}")
+        folder = root / f"n{cls:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            # An 8x6 grid of random colours, upscaled: smooth like a photo crop, and ~2 KB at 64x48.
+            im = Image.frombytes("RGB", (8, 6), rng.randbytes(8 * 6 * 3)).resize(size, Image.BICUBIC)
+            buf = io.BytesIO()
+            im.save(buf, format="JPEG", quality=75)
+            (folder / f"n{cls:08d}_{i}.JPEG").write_bytes(buf.getvalue())
 
 
 @pytest.fixture(scope="session")
