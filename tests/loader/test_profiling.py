@@ -33,7 +33,7 @@ def test_clock_adds_up_stage_seconds_and_publishes_per_batch():
     assert cpu[DECODE] < 0.025 and cpu[READ] >= 0
     slow(1)
     clock.batch_done(images=3)  # the wrappers made earlier keep counting into the next batch
-    assert stagetimes.stage_seconds(times.snapshot())[0, DECODE] >= 0.02
+    assert stagetimes.stage_seconds(times.snapshot())[0, DECODE] >= 0.10  # both sleeps counted
 
 
 def test_no_clock_hands_back_what_it_is_given():
