@@ -43,8 +43,8 @@ import numpy as np
 
 from imgshards.converter import PackConfig, pack, read_manifest, scan_tree
 from imgshards.loader.reader import read_run
+from imgshards.loader.remote.source import ShardSource
 from imgshards.loader.shuffle import interleave
-from imgshards.loader.source import ShardSource
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 

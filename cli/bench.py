@@ -12,7 +12,7 @@ import click
 from .options import format_bytes
 
 if TYPE_CHECKING:
-    from imgshards.loader.benchreport import BenchPoint, BenchReport, RunResult
+    from imgshards.loader.profiling.report import BenchPoint, BenchReport, RunResult
 
 __all__ = ["PRESETS", "bench"]
 
@@ -136,9 +136,9 @@ def bench(
             ) from None
     if seconds is None and options["batches"] is None:
         seconds = DEFAULT_SECONDS
-    from imgshards.loader.benchreport import plot_sweep
     from imgshards.loader.profiling import BenchConfig
     from imgshards.loader.profiling import bench as run_bench
+    from imgshards.loader.profiling.report import plot_sweep
 
     counts = sweep_workers or (workers if workers is not None else _cpus(),)
     try:

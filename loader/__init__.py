@@ -14,8 +14,7 @@ from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
 from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
-from .source import ShardSource
-from .stream import RetryPolicy
+from .remote import RetryPolicy, ShardSource
 
 __all__ = [
     "IMAGENET_MEAN",

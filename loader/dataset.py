@@ -1,26 +1,22 @@
 """``ShardDataset``: an ``IterableDataset`` over a packed split that yields whole batches.
 
-Per worker and epoch the stages run in this order::
+The class holds the configuration and what an epoch contains; a pass composes the stages of
+:mod:`.pipeline` for the epoch's plan of this rank and worker (:mod:`.partition`)::
 
-    worker_plan -> read_run per segment -> interleave -> buffer_shuffle -> skip delivered
-        -> [decode -> transform] x batch -> collate
+    plan -> raw stream (read, interleave, shuffle) -> batches (skip delivered, decode, transform, collate)
 
-Everything before ``decode`` handles raw bytes, so shuffling and resume skipping never decode.
+State the DataLoader workers share with the main process (epoch, resume point, counters, batch
+buffers) lives in :class:`~.control.SharedControl`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import warnings
-from collections import deque
 from collections.abc import Iterator, Mapping
-from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -28,13 +24,14 @@ from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from . import partition
 from .batch import Batch, BufferPool, collate
-from .decode import decode
+from .control import CORRUPT, TRUNCATED, UNREADABLE, SharedControl
 from .errors import ConfigError, CorruptImageError, ShardReadError
+from .pipeline import augment_seed, batched, decode_batch, read_runs, sample_stream, seeded
 from .presets import PRESETS, Transform, preset
-from .reader import RawSample, read_run
-from .shuffle import buffer_shuffle, interleave, worker_rng
-from .source import ShardSource
-from .stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, READ, NoClock, StageClock, StageTimes
+from .profiling.stagetimes import COLLATE, NO_CLOCK, READ, StageTimes
+from .reader import RawSample
+from .remote import ShardSource
+from .shuffle import worker_rng
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
 
@@ -42,17 +39,6 @@ Mode = Literal["train", "eval"]
 OnError = Literal["skip", "raise"]
 MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
-
-# Layout of the shared control tensor (see ShardDataset._control): the epoch and resume point, then
-# per worker process three counters, then per worker process the free flags of its batch buffers.
-_EPOCH, _RESUME, _COUNTERS = 0, 1, 2
-_MAX_WORKER_SLOTS = 256
-_PER_WORKER = 3
-_POOL_BUFFERS = 8
-_POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
-_CONTROL_SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
-_CORRUPT, _TRUNCATED, _UNREADABLE = 0, 1, 2
-_TAG_AUGMENT = 3
 
 
 class ShardDataset(IterableDataset[Batch]):
@@ -203,7 +189,7 @@ class ShardDataset(IterableDataset[Batch]):
         # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
         # object made once, at their start): the epoch and the resume point are read from here at
         # the start of every pass, and each worker adds up what it skipped in its own slots.
-        self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.int64).share_memory_()
+        self._control = SharedControl()
         self._pool: BufferPool | None = None  # made in each worker process, on its first batch
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
         # then each worker times its stages and counts its batches in it.
@@ -247,64 +233,56 @@ class ShardDataset(IterableDataset[Batch]):
     @property
     def epoch(self) -> int:
         """The epoch the next pass reads."""
-        return int(self._control[_EPOCH])
+        return self._control.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass read epoch ``epoch`` (another shard order and sample order)."""
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._control[_EPOCH] = epoch
+        self._control.epoch = epoch
 
     def _set_resume(self, batches: int) -> None:
         """Make the next pass skip the first ``batches`` batches this rank would yield (resume)."""
-        self._control[_RESUME] = batches
+        self._control.resume = batches
 
     @property
     def corrupt_skipped(self) -> int:
         """Images skipped because they did not decode, over all passes so far (all workers)."""
-        return int(self._control[_COUNTERS + _CORRUPT : _POOL : _PER_WORKER].sum())
+        return self._control.total(CORRUPT)
 
     @property
     def truncated_shards(self) -> int:
         """Times a shard ended before its index said it would, over all passes so far."""
-        return int(self._control[_COUNTERS + _TRUNCATED : _POOL : _PER_WORKER].sum())
+        return self._control.total(TRUNCATED)
 
     @property
     def unreadable_shards(self) -> int:
         """Times a remote shard was skipped because it could not be read, over all passes so far."""
-        return int(self._control[_COUNTERS + _UNREADABLE : _POOL : _PER_WORKER].sum())
-
-    def _count(self, worker: int, what: int) -> None:
-        self._control[_COUNTERS + _PER_WORKER * (worker % _MAX_WORKER_SLOTS) + what] += 1
-
-    def _worker_pool(self, process: int) -> BufferPool:
-        if self._pool is None:
-            first = _POOL + _POOL_BUFFERS * (process % _MAX_WORKER_SLOTS)
-            self._pool = BufferPool(self._control[first : first + _POOL_BUFFERS], first_token=first)
-        return self._pool
+        return self._control.total(UNREADABLE)
 
     def _release(self, token: int) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
-        assert _POOL <= token < _CONTROL_SIZE, token
-        self._control[token] = 1
+        self._control.release(token)
 
-    # ---- iteration ---------------------------------------------------------------------------
+    # ---- a pass: plan -> raw stream -> batches ------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # Read the shared state now: a DataLoader creates this iterator when a pass starts.
-        epoch, resume = int(self._control[_EPOCH]), int(self._control[_RESUME])
+        epoch, resume = self._control.epoch, self._control.resume
         # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
         # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
         role = partition.resumed_worker(worker, resume, num_workers)
-        pool = self._worker_pool(worker) if info is not None else None
+        pool = None
+        if info is not None:
+            if self._pool is None:
+                self._pool = self._control.pool(worker)
+            pool = self._pool
         return self._batches(epoch, resume, role, num_workers, pool=pool)
 
-    def _batches(
-        self, epoch: int, resume: int, worker: int, num_workers: int, *, pool: BufferPool | None
-    ) -> Iterator[Batch]:
-        plan = partition.worker_plan(
+    def _plan(self, epoch: int, worker: int, num_workers: int) -> partition.WorkerPlan:
+        return partition.worker_plan(
             self._shard_samples,
             seed=self.seed,
             epoch=epoch,
@@ -317,24 +295,33 @@ class ShardDataset(IterableDataset[Batch]):
             drop_last=self.drop_last,
             shuffle=self.shuffle,
         )
-        done = partition.delivered_by_worker(resume, num_workers)[worker]
+
+    def _batches(
+        self, epoch: int, resume: int, worker: int, num_workers: int, *, pool: BufferPool | None
+    ) -> Iterator[Batch]:
+        plan = self._plan(epoch, worker, num_workers)
         clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
         raw = clock.timed_iter(READ, self._raw_stream(plan, epoch, worker))
-        recent: deque[RawSample] = deque(maxlen=self.batch_size)
-        raw = _remember(raw, recent)
-        # Resume: the samples of batches already delivered are read and dropped, never decoded.
-        skip = min(done * self.batch_size, plan.samples)
-        for _ in islice(raw, skip):
-            pass
-        for k in range(done, plan.batches):
-            size = min(self.batch_size, plan.samples - k * self.batch_size)
-            samples = list(islice(raw, size))
-            if len(samples) < size:
-                samples += self._make_up(recent, size - len(samples))
-                if not samples:
-                    return
-            with _seeded(_augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
-                images, labels = self._decode_batch(samples, worker, clock)
+
+        def on_corrupt(e: CorruptImageError) -> None:
+            self._control.count(worker, CORRUPT)
+            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=2)
+
+        for k, samples in batched(
+            raw,
+            samples=plan.samples,
+            batches=plan.batches,
+            batch_size=self.batch_size,
+            first=partition.delivered_by_worker(resume, num_workers)[worker],
+            on_empty=self._warn_nothing_left,
+        ):
+            with seeded(augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
+                images, labels = decode_batch(
+                    samples,
+                    self.transform,
+                    on_corrupt=None if self.on_error == "raise" else on_corrupt,
+                    clock=clock,
+                )
             batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
             clock.batch_done(len(labels))
             yield batch
@@ -342,74 +329,32 @@ class ShardDataset(IterableDataset[Batch]):
         self.source.settle()
 
     def _raw_stream(self, plan: partition.WorkerPlan, epoch: int, worker: int) -> Iterator[RawSample]:
-        shards = self.split_info.shards
-
         def on_truncated(message: str) -> None:
-            self._count(worker, _TRUNCATED)
+            self._control.count(worker, TRUNCATED)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
-        self.source.plan([shards[seg.shard] for seg in plan.segments])  # prefetch in this order
-        runs = [
-            self._unless_unreadable(
-                read_run(
-                    self.source.url(shards[seg.shard].name),
-                    seg.start,
-                    seg.stop,
-                    on_truncated=on_truncated,
-                    opener=functools.partial(self.source.open, shards[seg.shard]),
-                ),
-                worker,
-            )
-            for seg in plan.segments
-        ]
-        sizes = [len(seg) for seg in plan.segments]
-        if not self.shuffle:
-            return (sample for run in runs for sample in run)
-        rng = worker_rng(self.seed, epoch, self.rank, worker)
-        mixed = interleave(runs, sizes, rng)
-        return buffer_shuffle(mixed, rng, size=self.shuffle_buffer, initial=self.shuffle_initial)
-
-    def _unless_unreadable(self, run: Iterator[RawSample], worker: int) -> Iterator[RawSample]:
-        """End a run whose shard cannot be read (skip: warn and count), or raise with on_error="raise"."""
-        try:
-            yield from run
-        except ShardReadError as e:
-            if self.on_error == "raise":
-                raise
-            self._count(worker, _UNREADABLE)
+        def on_unreadable(e: ShardReadError) -> None:
+            self._control.count(worker, UNREADABLE)
             warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
-    def _make_up(self, recent: deque[RawSample], missing: int) -> list[RawSample]:
-        """Repeat recent samples in place of those a truncated shard lost, keeping the batch count."""
-        if not recent:
-            warnings.warn(
-                f"rank {self.rank}: a truncated shard left a worker with no samples at all; this rank "
-                "yields fewer batches this epoch than len() says (in DDP, other ranks may wait)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return []
-        pool = list(recent)
-        return [pool[i % len(pool)] for i in range(missing)]
+        runs = read_runs(
+            plan,
+            self.split_info.shards,
+            self.source,
+            on_truncated=on_truncated,
+            on_unreadable=None if self.on_error == "raise" else on_unreadable,
+        )
+        rng = worker_rng(self.seed, epoch, self.rank, worker) if self.shuffle else None
+        sizes = [len(seg) for seg in plan.segments]
+        return sample_stream(runs, sizes, rng, buffer=self.shuffle_buffer, initial=self.shuffle_initial)
 
-    def _decode_batch(
-        self, samples: list[RawSample], worker: int, clock: StageClock | NoClock = NO_CLOCK
-    ) -> tuple[list[torch.Tensor], list[int]]:
-        images: list[torch.Tensor] = []
-        labels: list[int] = []
-        decode_, transform = clock.timed(DECODE, decode), clock.timed(AUGMENT, self.transform)
-        for s in samples:
-            try:
-                image = decode_(s.data, s.ext, key=s.key, shard=s.shard)
-            except CorruptImageError as e:
-                if self.on_error == "raise":
-                    raise
-                self._count(worker, _CORRUPT)
-                warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=2)
-                continue
-            images.append(transform(image))
-            labels.append(s.label)
-        return images, labels
+    def _warn_nothing_left(self) -> None:
+        warnings.warn(
+            f"rank {self.rank}: a truncated shard left a worker with no samples at all; this rank "
+            "yields fewer batches this epoch than len() says (in DDP, other ranks may wait)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -434,26 +379,3 @@ def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     return rank, world_size
-
-
-def _remember(samples: Iterator[RawSample], recent: deque[RawSample]) -> Iterator[RawSample]:
-    for s in samples:
-        recent.append(s)
-        yield s
-
-
-def _augment_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:
-    """Seed of torch's generator while batch ``batch`` of a worker is transformed."""
-    return int(np.random.SeedSequence([seed, epoch, _TAG_AUGMENT, rank, worker, batch]).generate_state(1)[0])
-
-
-@contextlib.contextmanager
-def _seeded(seed: int, *, restore: bool) -> Iterator[None]:
-    """Seed torch's default CPU generator; in the main process, put its state back afterwards."""
-    state = torch.get_rng_state() if restore else None
-    torch.default_generator.manual_seed(seed)
-    try:
-        yield
-    finally:
-        if state is not None:
-            torch.set_rng_state(state)

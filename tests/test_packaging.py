@@ -34,11 +34,19 @@ def test_wheel_holds_every_subpackage_under_imgshards(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"imgshards"}
     packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
-    on_disk = {f"imgshards/{d}" for d in ("converter", "loader", "cli")}
+    on_disk = {
+        f"imgshards/{init.parent.relative_to(ROOT).as_posix()}"
+        for folder in ("converter", "loader", "cli")
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert {"imgshards/loader/remote", "imgshards/loader/profiling"} <= on_disk
     assert packages == on_disk
-    for folder in ("converter", "loader", "cli"):
-        modules = {p.name for p in (ROOT / folder).glob("*.py")}
-        assert modules <= {n.rsplit("/", 1)[1] for n in names if n.startswith(f"imgshards/{folder}/")}
+    modules = {
+        f"imgshards/{p.relative_to(ROOT).as_posix()}"
+        for f in ("converter", "loader", "cli")
+        for p in (ROOT / f).rglob("*.py")
+    }
+    assert modules <= set(names), sorted(modules - set(names))
 
 
 def test_top_level_names_are_not_importable_twice():
@@ -59,7 +67,7 @@ def test_converter_needs_no_torch_loader_or_click():
 
 def _imports(folder: str) -> set[str]:
     found = set()
-    for path in (ROOT / folder).glob("*.py"):
+    for path in (ROOT / folder).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)

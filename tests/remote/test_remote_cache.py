@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from imgshards.loader.cache import ShardCache, cache_name
+from imgshards.loader.remote.cache import ShardCache, cache_name
 
 
 def sha(data: bytes) -> str:

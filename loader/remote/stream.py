@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ShardReadError
+from ..errors import ShardReadError
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "Fetch", "RangeReader", "RetryPolicy", "SeekableRawReader", "is_transient"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from .profiling import BenchConfig
+    from .config import BenchConfig
 
 __all__ = [
     "CPU_SHARE_LOW",

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["can_evict", "evict", "files_under", "pss", "reset_peak_rss", "vm_hwm"]
 

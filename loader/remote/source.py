@@ -34,8 +34,8 @@ from typing import Any, BinaryIO
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path
 
+from ..errors import ConfigError, ShardReadError
 from .cache import Reservation, ShardCache
-from .errors import ConfigError, ShardReadError
 from .stream import DEFAULT_CHUNK_SIZE, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
