@@ -187,17 +187,11 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def s3(s3_endpoint) -> tuple[str, dict]:
     """A fresh bucket: ``(s3://bucket, storage_options)``."""
-    import boto3
+    import fsspec
 
     bucket = f"test-{uuid.uuid4().hex[:12]}"
-    boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=bucket)
     options = {"key": "testing", "secret": "testing", "endpoint_url": s3_endpoint}
+    fsspec.filesystem("s3", **options).mkdir(bucket)  # s3fs: a top-level mkdir creates a bucket
     return f"s3://{bucket}", options
 
 
