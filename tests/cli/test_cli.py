@@ -32,7 +32,7 @@ def test_pack_info_verify(run, tiny_tree, tmp_path):
     victim = next(out.glob("train-*.tar"))
     victim.write_bytes(victim.read_bytes()[:-512])
     broken = run("verify", str(out))
-    assert broken.exit_code == 1 and victim.name in broken.output
+    assert broken.exit_code == 1 and victim.name in broken.output  # 1: the data is bad
 
 
 def test_demo_runs_end_to_end(run):
@@ -45,14 +45,14 @@ def test_demo_runs_end_to_end(run):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["pack", "{tmp}/missing", "{tmp}/out"], 1, "does not exist"),
+        (["pack", "{tmp}/missing", "{tmp}/out"], 2, "does not exist"),
         (["pack", "{tree}", "{tmp}/out", "--shard-size", "lots"], 2, "is not a size"),
         (["pack", "{tree}", "{tmp}/out", "--check", "deep"], 2, "'deep' is not one of"),
         (["pack", "{tree}", "{tmp}/out", "--quality", "50"], 2, "add --resize"),
-        (["pack", "{tree}", "{tree}/out"], 1, "inside the source tree"),
+        (["pack", "{tree}", "{tree}/out"], 2, "inside the source tree"),
         (["pack", "{tree}", "{tmp}/out", "--split", "Val"], 2, "split must be"),
-        (["info", "{tmp}"], 1, "no index.json"),
-        (["verify", "{tmp}"], 1, "no index.json"),
+        (["info", "{tmp}"], 2, "no index.json"),
+        (["verify", "{tmp}"], 2, "no index.json"),
     ],
 )
 def test_user_mistakes_get_one_line_errors(run, tiny_tree, tmp_path, args, code, message):
@@ -65,4 +65,4 @@ def test_user_mistakes_get_one_line_errors(run, tiny_tree, tmp_path, args, code,
 def test_rerun_with_other_arguments_says_how_to_proceed(run, tiny_tree, tmp_path):
     assert run("pack", str(tiny_tree), str(tmp_path / "o"), "--workers", "1", "--no-progress").exit_code == 0
     again = run("pack", str(tiny_tree), str(tmp_path / "o"), "--workers", "1", "--seed", "2", "--no-progress")
-    assert again.exit_code == 1 and "--overwrite" in again.output
+    assert again.exit_code == 2 and "--overwrite" in again.output
