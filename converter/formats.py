@@ -37,9 +37,9 @@ __all__ = ["JPEG_QUALITY", "ConvertedImage", "convert_image", "main_format", "re
 JPEG_QUALITY = 95
 _LOSSLESS_SUFFIXES = frozenset({".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"})
 _PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
-# Image keys of timm's ReaderWds (timm.data.readers.reader_wds, ``image_key``): samples with none
+# Image keys of timm's ReaderWds (timm.data.readers.reader_wds, ``input_key``): samples with none
 # of these are dropped with a warning.
-_TIMM_KEYS = ("jpg", "jpeg", "png", "webp")
+_TIMM_KEYS = ("jpg", "png", "webp")
 
 
 def main_format(paths: Iterable[str]) -> str:
