@@ -332,7 +332,9 @@ def _scan(src: Path, pool: ProcessPoolExecutor, progress: bool) -> ScanResult:
             bar.set_postfix(files=files, refresh=False)
             bar.update()
 
-        return scan_tree(src, executor=pool, on_class=advance, on_classes=start)
+        scan = scan_tree(src, executor=pool, on_class=advance, on_classes=start)
+        bar.refresh()  # the last count, which tqdm's rate limit may have skipped
+        return scan
 
 
 def _check_classes(dst: Path, splits: tuple[str, ...], scan: ScanResult) -> None:
