@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from .exits import CantRun
 from .options import format_bytes
 
 if TYPE_CHECKING:
@@ -102,7 +104,11 @@ def _cpus() -> int:
 )
 @click.option("--cold", is_flag=True, help="Drop the shards (and SRC) from the page cache before each run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar on stderr [default: when stderr is a terminal].",
+)
 def bench(
     dst: Path,
     workers: int | None,
@@ -131,11 +137,13 @@ def bench(
         try:
             import matplotlib  # noqa: F401  (checked before running: a sweep takes minutes)
         except ImportError:
-            raise click.ClickException(
+            raise CantRun(
                 "--plot needs matplotlib, the 'plot' extra: pip install 'imgshards[plot]'"
             ) from None
     if seconds is None and options["batches"] is None:
         seconds = DEFAULT_SECONDS
+    if options["progress"] is None:
+        options["progress"] = sys.stderr.isatty()
     from imgshards.loader.profiling import BenchConfig
     from imgshards.loader.profiling import bench as run_bench
     from imgshards.loader.profiling.report import plot_sweep

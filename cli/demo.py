@@ -9,6 +9,7 @@ import click
 
 from imgshards.converter import PackConfig, make_synthetic_tree, pack, verify
 
+from .exits import BadData
 from .pack import print_summary
 
 __all__ = ["demo"]
@@ -34,7 +35,7 @@ def demo(keep: Path | None, workers: int | None) -> None:
         print_summary(result)
         report = verify(root / "shards", workers=workers)
         if not report.ok:
-            raise click.ClickException("; ".join(map(str, report.problems)))
+            raise BadData("; ".join(map(str, report.problems)))
         click.echo(f"verified: {report.shards} shards, {report.samples} samples match the index")
         if keep:
             click.echo(f"kept in {root}; try: imgshards info {root / 'shards'}")

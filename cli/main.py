@@ -10,6 +10,7 @@ from imgshards.converter import ImgshardsError
 
 from .bench import bench
 from .demo import demo
+from .exits import EXIT_INTERRUPTED, CantRun
 from .info import info
 from .pack import pack
 from .verify import verify
@@ -18,13 +19,19 @@ __all__ = ["cli", "main"]
 
 
 class _Group(click.Group):
-    """Turns a user's mistake (an :class:`ImgshardsError`) into a one-line message, not a traceback."""
+    """Turns a user's mistake (an :class:`ImgshardsError`) into a one-line message, not a traceback.
+
+    Exit codes are those of :mod:`.exits`: 1 the data is bad, 2 cannot run, 130 interrupted.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ImgshardsError as e:
-            raise click.ClickException(str(e)) from e
+            raise CantRun(str(e)) from e
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from imgshards.converter import DEFAULT_SHARD_SIZE, Check, PackConfig, PackResult, pack_to_url
+from imgshards.converter import (
+    DEFAULT_SHARD_SIZE,
+    Check,
+    PackConfig,
+    PackResult,
+    ReadOrder,
+    pack_to_url,
+    reader_warnings,
+)
 from imgshards.converter import pack as pack_tree
 
+from .exits import BadData
 from .options import ByteSize, format_bytes
 from .storage import PathOrURL, join, storage_option
 
-__all__ = ["pack", "print_summary"]
+__all__ = ["pack", "print_summary", "summary_json"]
 
 
 @click.command()
@@ -48,10 +60,47 @@ __all__ = ["pack", "print_summary"]
     help="JPEG quality with --resize.",
 )
 @click.option(
+    "--keep-formats",
+    is_flag=True,
+    help="Store every image's own bytes under its format's extension, instead of one format per split "
+    "(some readers then miss samples; the summary says which).",
+)
+@click.option(
+    "--val-fraction",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=None,
+    help="Also write a held-out split of this share of each class (stratified, seeded by --seed).",
+)
+@click.option(
+    "--val-split", default="val", show_default=True, help="Name of the held-out split of --val-fraction."
+)
+@click.option(
+    "--split-file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help='JSON {"train": [paths...], "val": [...]} of paths relative to SRC: pack these splits.',
+)
+@click.option(
     "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
 )
+@click.option(
+    "--read-order",
+    type=click.Choice([r.value for r in ReadOrder]),
+    default=ReadOrder.AUTO.value,
+    show_default=True,
+    help="disk: gather the tree in inode order first (cold trees); plan: read each shard's files "
+    "straight from the tree (warm trees, SSDs); auto: plan when the tree is in the page cache.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a split packed into DST with other arguments.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bars on stderr [default: when stderr is a terminal and not -q].",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the summary."
+)
+@click.option("-q", "--quiet", is_flag=True, help="No summary and no progress; warnings still go to stderr.")
 @click.option(
     "--staging",
     type=click.Path(path_type=Path, file_okay=False),
@@ -60,51 +109,124 @@ __all__ = ["pack", "print_summary"]
 )
 @storage_option
 def pack(
-    src: Path, dst: Path | str, staging: Path | None, storage_options: dict[str, object], **options: object
+    src: Path,
+    dst: Path | str,
+    staging: Path | None,
+    storage_options: dict[str, object],
+    as_json: bool,
+    quiet: bool,
+    progress: bool | None,
+    **options: Any,
 ) -> None:
     """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into WebDataset shards in DST.
 
     DST is a directory or any fsspec URL (s3://bucket/prefix, gs://...): each shard is uploaded as
     soon as it is written, the index last. Every file under SRC is either packed or listed, with its
-    reason, in DST/<split>-rejects.jsonl. Run the same command again after a crash to finish the
-    job; the output is the same as an uninterrupted run's.
+    reason, in DST/.imgshards/rejects/<split>.jsonl. Run the same command again after a crash to
+    finish the job; the output is the same as an uninterrupted run's.
+
+    Exit status: 0 done, 1 every file of a split was rejected, 2 cannot run (bad arguments, source
+    or destination).
     """
     if options["quality"] != 90 and options["resize"] is None:
         raise click.UsageError("--quality applies to re-encoded images only; add --resize N")
     if isinstance(dst, Path) and (staging is not None or storage_options):
         raise click.UsageError("--staging and --storage-option apply to a URL destination only")
+    source = click.get_current_context().get_parameter_source
+    if options["split_file"] is not None and source("split") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--split-file names the splits to pack; leave out --split")
+    if options["val_split"] != "val" and options["val_fraction"] is None:
+        raise click.UsageError("--val-split names the split of --val-fraction; add --val-fraction F")
+    if progress is None:
+        progress = not quiet and sys.stderr.isatty()
     try:
-        config = PackConfig(**options)
+        config = PackConfig(progress=progress, **options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     if isinstance(dst, str):
         result = pack_to_url(src, dst, config, storage_options=storage_options, staging=staging)
     else:
         result = pack_tree(src, dst, config)
-    print_summary(result)
+    if as_json:
+        click.echo(json.dumps(summary_json(result), indent=1))
+    elif not quiet:
+        print_summary(result)
+    else:
+        for warning in _warnings(result):
+            click.secho(f"warning: {warning}", fg="yellow", err=True)
+    rejected_all = [info.name for info in result.infos if info.samples == 0]
+    if rejected_all:
+        where = ", ".join(str(join(result.dst, str(i.rejects_file))) for i in result.infos if i.samples == 0)
+        raise BadData(f"every file of split(s) {', '.join(rejected_all)} was rejected: see {where}")
+
+
+def _warnings(result: PackResult) -> list[str]:
+    notes = []
+    for info in result.infos:
+        prefix = f"split {info.name!r}: " if len(result.infos) > 1 else ""
+        notes += [prefix + note for note in reader_warnings(info.formats)]
+        empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
+        if empty and info.samples:
+            notes.append(f"{prefix}{len(empty)} classes have no sample: {', '.join(empty[:5])}")
+    return notes
+
+
+def summary_json(result: PackResult) -> dict[str, Any]:
+    """What ``pack --json`` prints: the run, and per split its samples, formats and rejects."""
+    classes = result.manifest.classes
+    return {
+        "dst": str(result.dst),
+        "classes": len(classes),
+        "splits": {
+            info.name: {
+                "samples": info.samples,
+                "shards": len(info.shards),
+                "bytes": info.bytes,
+                "formats": dict(info.formats),
+                "converted": dict(info.converted),
+                "rejects": {
+                    "total": info.rejects_total,
+                    "by_reason": dict(info.rejects_by_reason),
+                    "file": str(join(result.dst, str(info.rejects_file))),
+                },
+                "empty_classes": [c for c, n in zip(classes, info.class_counts, strict=True) if n == 0],
+            }
+            for info in result.infos
+        },
+        "shards_written": result.shards_written,
+        "shards_reused": result.shards_reused,
+        "seconds": round(result.seconds, 3),
+        "read_order": result.read_order,
+        "warnings": _warnings(result),
+    }
 
 
 def print_summary(result: PackResult) -> None:
-    """Print what a pack did, rejects included."""
-    info = result.info
-    rate = sum(s.samples for s in info.shards) / result.seconds if result.seconds else 0.0
-    click.echo(
-        f"packed split {result.split!r} into {result.dst}: {info.samples:,} samples of "
-        f"{len(result.manifest.classes):,} classes in {len(info.shards):,} shards "
-        f"({format_bytes(info.bytes)})"
-    )
+    """Print what a pack did per split (formats, conversions, rejects), then the run, then warnings."""
+    for info in result.infos:
+        click.echo(
+            f"packed split {info.name!r} into {result.dst}: {info.samples:,} samples of "
+            f"{len(result.manifest.classes):,} classes in {len(info.shards):,} shards "
+            f"({format_bytes(info.bytes)})"
+        )
+        if len(info.formats) == 1:
+            (ext,) = info.formats
+            converted = ""
+            if info.converted:
+                reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.converted.items())
+                converted = f" ({reasons})"
+            click.echo(f"  every image stored as .{ext}{converted}")
+        if info.rejects_total:
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
+            where = join(result.dst, str(info.rejects_file))
+            click.echo(f"  rejected {info.rejects_total:,} files ({reasons}): see {where}")
+        else:
+            click.echo("  no file rejected")
+    samples = sum(info.samples for info in result.infos)
+    rate = samples / result.seconds if result.seconds else 0.0
     click.echo(
         f"  {result.shards_written} shards written, {result.shards_reused} reused from an earlier run, "
         f"in {result.seconds:.1f} s ({rate:,.0f} samples/s overall)"
     )
-    if info.rejects_total:
-        reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
-        where = join(result.dst, str(info.rejects_file))
-        click.echo(f"  rejected {info.rejects_total:,} files ({reasons}): see {where}")
-    else:
-        click.echo("  no file rejected")
-    empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
-    if empty:
-        click.secho(
-            f"  warning: {len(empty)} classes have no sample left: {', '.join(empty[:5])}", fg="yellow"
-        )
+    for warning in _warnings(result):
+        click.secho(f"  warning: {warning}", fg="yellow")

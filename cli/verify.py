@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -9,6 +10,7 @@ import click
 from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
 
+from .exits import BadData
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["verify"]
@@ -20,18 +22,35 @@ __all__ = ["verify"]
 @click.option(
     "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
 )
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; the exit status tells.")
 @storage_option
 def verify(
-    dst: Path | str, splits: tuple[str, ...], workers: int | None, storage_options: dict[str, object]
+    dst: Path | str,
+    splits: tuple[str, ...],
+    workers: int | None,
+    as_json: bool,
+    quiet: bool,
+    storage_options: dict[str, object],
 ) -> None:
-    """Re-hash and recount every shard in DST (directory or URL) against its index; exit 1 on a mismatch."""
+    """Re-hash and recount every shard in DST (directory or URL) against its index.
+
+    Exit status: 0 every shard matches, 1 a mismatch (the data is bad), 2 cannot run (no index...).
+    """
     chosen = list(splits) or None
     if isinstance(dst, str):
         report = verify_url(dst, storage_options=storage_options, splits=chosen, workers=workers)
     else:
         report = verify_dataset(dst, splits=chosen, workers=workers)
-    for problem in report.problems:
-        click.echo(f"BAD {problem}", err=True)
+    index = join(dst, "index.json")
+    if as_json:
+        problems = [{"split": p.split, "shard": p.shard, "problem": p.problem} for p in report.problems]
+        doc = {"index": str(index), "ok": report.ok, "shards": report.shards, "samples": report.samples}
+        click.echo(json.dumps({**doc, "problems": problems}, indent=1))
+    elif not quiet:
+        for problem in report.problems:
+            click.echo(f"BAD {problem}", err=True)
     if not report.ok:
-        raise click.ClickException(f"{len(report.problems)} problem(s) in {report.shards} shards of {dst}")
-    click.echo(f"ok: {report.shards} shards, {report.samples:,} samples match {join(dst, 'index.json')}")
+        raise BadData(f"{len(report.problems)} problem(s) in {report.shards} shards of {dst}")
+    if not as_json and not quiet:
+        click.echo(f"ok: {report.shards} shards, {report.samples:,} samples match {index}")

@@ -4,9 +4,11 @@
 """
 
 from .check import Check, Reason
-from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
+from .errors import DestinationError, ImgshardsError, ManifestError, SourceError, SplitFileError
+from .formats import reader_warnings
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .pack import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult, pack
+from .readorder import ReadOrder
 from .remote import pack_to_url, verify_url
 from .scan import IMG_EXTENSIONS, ScanResult, scan_tree
 from .synthetic import make_synthetic_tree
@@ -24,17 +26,20 @@ __all__ = [
     "PackConfig",
     "PackHooks",
     "PackResult",
+    "ReadOrder",
     "Reason",
     "ScanResult",
     "ShardInfo",
     "ShardProblem",
     "SourceError",
+    "SplitFileError",
     "SplitInfo",
     "VerifyReport",
     "make_synthetic_tree",
     "pack",
     "pack_to_url",
     "read_manifest",
+    "reader_warnings",
     "scan_tree",
     "verify",
     "verify_url",

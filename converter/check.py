@@ -49,6 +49,7 @@ class Reason(str, enum.Enum):
     UNSUPPORTED_FORMAT = "unsupported_format"
     TRUNCATED = "truncated"
     UNDECODABLE = "undecodable"
+    NOT_IN_SPLIT_FILE = "not_in_split_file"
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,9 @@ def _jpeg_header(data: bytes) -> Inspection:
             break
         pos += length
     # Entropy-coded data never holds 0xFFD9 (0xFF is always stuffed), so an end marker after the
-    # scan starts means the image data is complete; trailing bytes after it are allowed.
-    if data.find(b"\xff\xd9", pos) < 0:
+    # scan starts means the image data is complete; trailing bytes after it are allowed. Searched
+    # from the end, where it is in a whole file: a forward search would walk all the image data.
+    if data.rfind(b"\xff\xd9", pos) < 0:
         return Inspection(reason=Reason.TRUNCATED, detail="no JPEG end marker (EOI) after the image data")
     if not width or not height:
         return Inspection(reason=Reason.NOT_IMAGE, detail="JPEG without a frame header (SOF)")

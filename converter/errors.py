@@ -11,6 +11,7 @@ __all__ = [
     "ImgshardsError",
     "ManifestError",
     "SourceError",
+    "SplitFileError",
 ]
 
 
@@ -28,3 +29,7 @@ class DestinationError(ImgshardsError):
 
 class ManifestError(ImgshardsError):
     """The index file is missing, unreadable, of an unknown version, or names a shard that is absent."""
+
+
+class SplitFileError(ImgshardsError):
+    """The ``--split-file`` is unreadable, malformed, or names files the tree does not have."""

@@ -14,8 +14,11 @@ Layout of ``index.json`` (``version`` 1)::
           "samples": 1281167, "bytes": 140e9,
           "class_counts": [1300, 1300],           # aligned with "classes"
           "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "..."}],
-          "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1}, "file": "train-rejects.jsonl"},
-          "pack": {...}                            # the arguments the split was packed with
+          "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
+                      "file": ".imgshards/rejects/train.jsonl"},
+          "pack": {...},                           # the arguments the split was packed with
+          "formats": {"jpg": 1281167},             # image members per extension
+          "converted": {"png_to_jpg": 12}          # images re-encoded into the split's format, by reason
         }
       }
     }
@@ -84,6 +87,8 @@ class SplitInfo:
     rejects_by_reason: Mapping[str, int] = field(default_factory=dict)
     rejects_file: str | None = None
     pack_args: Mapping[str, Any] = field(default_factory=dict)
+    formats: Mapping[str, int] = field(default_factory=dict)
+    converted: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def samples(self) -> int:
@@ -108,6 +113,8 @@ class SplitInfo:
                 "file": self.rejects_file,
             },
             "pack": dict(self.pack_args),
+            "formats": dict(sorted(self.formats.items())),
+            "converted": dict(sorted(self.converted.items())),
         }
 
 
@@ -200,6 +207,8 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
         rejects_by_reason={str(k): int(v) for k, v in (rejects.get("by_reason") or {}).items()},
         rejects_file=rejects.get("file"),
         pack_args=dict(data.get("pack") or {}),
+        formats={str(k): int(v) for k, v in (data.get("formats") or {}).items()},
+        converted={str(k): int(v) for k, v in (data.get("converted") or {}).items()},
     )
 
 

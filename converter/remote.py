@@ -5,7 +5,7 @@ each shard as soon as it is committed there (then deletes the local copy: stagin
 images once, read from the tree in disk order, then only the shards in flight). The remote layout
 is the local one, the pack state included::
 
-    URL/index.json  URL/_info.json  URL/{split}-000000.tar ...  URL/{split}-rejects.jsonl
+    URL/index.json  URL/_info.json  URL/{split}-000000.tar ...  URL/.imgshards/rejects/{split}.jsonl
     URL/.imgshards/{split}/plan.json  URL/.imgshards/{split}/{split}-000000.tar.json ...
 
 Order of the writes, so that no reader ever follows the index to a shard that is not whole:
@@ -86,6 +86,11 @@ def pack_to_url(
 
     """
     config = config or PackConfig()
+    if config.val_fraction is not None or config.split_file is not None:
+        raise DestinationError(
+            f"cannot pack several splits into a URL ({url}) in one run yet: pack into a local directory "
+            "and upload it, or split the tree and pack each split with --split"
+        )
     remote = _Remote(url, storage_options or {})
     own_staging = staging is None
     stage = Path(tempfile.mkdtemp(prefix="imgshards-pack-")) if staging is None else Path(staging)

@@ -224,6 +224,7 @@ def scan_tree(
     *,
     executor: Executor | None = None,
     on_class: Callable[[str, int], None] | None = None,
+    on_classes: Callable[[int], None] | None = None,
 ) -> ScanResult:
     """Scan an ImageFolder tree.
 
@@ -232,6 +233,7 @@ def scan_tree(
         executor: Lists class directories in parallel; a process pool scales past the GIL (``pack``
             passes its workers). ``None``: two threads, which overlap the waits on the disk.
         on_class: Called with each class name and its file count as the scan moves on (progress).
+        on_classes: Called once with the number of class directories, before they are listed.
 
     Raises:
         SourceError: the root is unusable, or a class directory holds no image (as ImageFolder).
@@ -239,6 +241,8 @@ def scan_tree(
     """
     root = Path(root)
     classes, rejects = find_classes(root)
+    if on_classes is not None:
+        on_classes(len(classes))
     blobs: list[bytes] = []
     lengths: list[np.ndarray] = []
     labels: list[np.ndarray] = []

@@ -11,11 +11,16 @@ its position in that shard. Buckets live in the pack's state directory and are r
 sequentially; they hold the split's image bytes once, about the size of the shards to come, and are
 deleted as their shard is written.
 
-**Write.** A shard's buckets are read into memory, the samples put in plan order, checked, and
+**Direct.** On a tree already in the page cache (or on storage where random reads cost little) the
+gather only writes every byte twice: a shard's files are then read straight from the tree in plan
+order by the worker that writes it (``ShardTask.src``). The output is the same bytes either way.
+
+**Write.** A shard's buckets are read into memory (or its files from the tree), the samples put in
+plan order, checked, converted to the split's one image format where needed (:mod:`.formats`), and
 appended to a tar. A shard is first written to a hidden temporary name beside its final one,
 fsynced, then renamed, so a shard under its final name is always whole; its record (sample count,
-size, SHA-256, per-class counts, rejects) is written the same way after it, and is what marks the
-shard as done for a resumed run (the parent writes it, see :mod:`.pack`).
+size, SHA-256, per-class counts, formats, conversions, rejects) is written the same way after it,
+and is what marks the shard as done for a resumed run (the parent writes it, see :mod:`.pack`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import os
 import struct
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +39,7 @@ import numpy as np
 from PIL import Image
 
 from .check import Check, Inspection, Reason, inspect_image
+from .formats import convert_image
 from .scan import PathTable, Reject
 from .tarwriter import TarWriter
 
@@ -64,7 +70,11 @@ class GatherTask:
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Everything a worker needs to write one shard from its buckets."""
+    """Everything a worker needs to write one shard, from its buckets or (``src`` set) from the tree.
+
+    ``image_format`` is the split's one image format (``"jpg"``, ``"png"``); ``None`` keeps each
+    image's own.
+    """
 
     index: int
     name: str
@@ -78,6 +88,9 @@ class ShardTask:
     check: Check
     resize: int | None
     quality: int
+    image_format: str | None = None
+    src: str | None = None
+    sizes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class ShardRecord:
     sha256: str
     class_counts: dict[int, int]
     rejects: tuple[Reject, ...]
+    formats: dict[str, int] = field(default_factory=dict)
+    converted: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form of the record."""
@@ -100,6 +115,8 @@ class ShardRecord:
             "sha256": self.sha256,
             "class_counts": {str(k): v for k, v in sorted(self.class_counts.items())},
             "rejects": [r.to_json() for r in self.rejects],
+            "formats": dict(sorted(self.formats.items())),
+            "converted": dict(sorted(self.converted.items())),
         }
 
     @classmethod
@@ -112,6 +129,8 @@ class ShardRecord:
             sha256=data["sha256"],
             class_counts={int(k): int(v) for k, v in data["class_counts"].items()},
             rejects=tuple(Reject(r["path"], Reason(r["reason"]), r["detail"]) for r in data["rejects"]),
+            formats={str(k): int(v) for k, v in data.get("formats", {}).items()},
+            converted={str(k): int(v) for k, v in data.get("converted", {}).items()},
         )
 
 
@@ -284,10 +303,17 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     tmp = dst / f".{task.name}.partial"
     rejects: list[Reject] = []
     class_counts: dict[int, int] = {}
+    formats: dict[str, int] = {}
+    converted: dict[str, int] = {}
     samples = done = 0
     class_json = [encode_basestring_ascii(name) for name in task.classes]
     rel_paths = list(task.paths)
-    files = _load_buckets(task.buckets, len(rel_paths), task.name)
+    files: Iterable[bytes | OSError]
+    if task.src is None:
+        files = _load_buckets(task.buckets, len(rel_paths), task.name)
+    else:
+        assert task.sizes is not None, "a direct task carries the sizes of its files"
+        files = map(_read, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
     with open(tmp, "wb", buffering=1 << 20) as f:
         tar = TarWriter(f)
         for i, data in enumerate(files):
@@ -296,7 +322,10 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
             if isinstance(outcome, Reject):
                 rejects.append(outcome)
             else:
-                image, verdict = outcome
+                image, verdict, reasons = outcome
+                formats[str(verdict.ext)] = formats.get(str(verdict.ext), 0) + 1
+                for reason in reasons:
+                    converted[reason] = converted.get(reason, 0) + 1
                 label = int(task.labels[i])
                 key = f"{int(task.keys[i]):0{task.key_width}d}"
                 # The JSON by hand, keys sorted as json.dumps(sort_keys=True) would: this runs per file.
@@ -326,19 +355,28 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     if counter is not None:
         with counter.get_lock():
             counter.value += done % 256
-    return ShardRecord(task.name, samples, tar.size, sha256, class_counts, tuple(rejects))
+    return ShardRecord(task.name, samples, tar.size, sha256, class_counts, tuple(rejects), formats, converted)
 
 
-def _inspect(rel: str, data: bytes | OSError, task: ShardTask) -> Reject | tuple[bytes, Inspection]:
-    """Return the bytes to store and their verdict, or the reason the file is rejected."""
+def _inspect(
+    rel: str, data: bytes | OSError, task: ShardTask
+) -> Reject | tuple[bytes, Inspection, tuple[str, ...]]:
+    """Return the bytes to store, their verdict and why they were converted; or why it is rejected."""
     if isinstance(data, OSError):
         return Reject(rel, Reason.UNREADABLE, data.strerror or str(data))
     verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)
-    if task.resize is None:
-        return data, verdict
     try:
-        return _reencode(data, task.resize, task.quality)
+        if task.resize is not None:
+            return (*_reencode(data, task.resize, task.quality), ())
+        if task.image_format is None or verdict.ext == task.image_format:
+            return data, verdict, ()
+        image = convert_image(data, str(verdict.ext), task.image_format)
     except Exception as e:  # any decode failure while re-encoding is this file's verdict
         return Reject(rel, Reason.UNDECODABLE, f"{type(e).__name__}: {e}")
+    return (
+        image.data,
+        Inspection(ext=task.image_format, width=image.width, height=image.height),
+        image.reasons,
+    )

@@ -74,7 +74,7 @@ class ShardDataset(IterableDataset[Batch]):
     :attr:`unreadable_shards`, and made up for like a truncated shard. With ``cache_dir``, shards are
     written into a local cache of at most ``cache_limit`` bytes as they stream, the next
     ``prefetch`` shards of each worker are downloaded ahead, and later epochs read from the cache
-    (see :mod:`imgshards.loader.cache` for its invariants).
+    (see :mod:`imgshards.loader.remote.cache` for its invariants).
 
     Args:
         source: Directory or URL of a packed dataset (holding ``index.json``): ``s3://bucket/prefix``,

@@ -57,7 +57,7 @@ def read_run(
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
-    ``opener`` opens the shard (a remote one, see :class:`~imgshards.loader.source.ShardSource`);
+    ``opener`` opens the shard (a remote one, see :class:`~imgshards.loader.remote.ShardSource`);
     without it ``path`` is a local file. The shard is opened at the first sample asked for.
 
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the

@@ -147,9 +147,9 @@ def test_cli_presets_are_the_loaders():
         (["--seconds", "0"], 2, "--seconds"),
         (["--batch-size", "0"], 2, "--batch-size"),
         (["--model-ms", "-1"], 2, "--model-ms"),
-        (["--split", "val"], 1, "val"),
+        (["--split", "val"], 2, "val"),
         (["--compare-imagefolder", "{tmp}/missing"], 2, "does not exist"),
-        (["--compare-imagefolder", "{tmp}"], 1, "not an ImageFolder tree"),
+        (["--compare-imagefolder", "{tmp}"], 2, "not an ImageFolder tree"),
     ],
 )
 def test_bad_options_fail_up_front(run, tiny_packed, tmp_path, args, code, message):
@@ -161,11 +161,11 @@ def test_bad_options_fail_up_front(run, tiny_packed, tmp_path, args, code, messa
 
 def test_not_a_packed_dataset(run, tmp_path):
     result = run(tmp_path, "--batches", "1")
-    assert result.exit_code == 1 and "no index.json" in result.output
+    assert result.exit_code == 2 and "no index.json" in result.output
 
 
 def test_plot_without_matplotlib_says_what_to_install(run, tiny_packed, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` sees when it is absent
     result = run(tiny_packed, "--sweep-workers", "1", "--plot", tmp_path / "p.png")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "pip install 'imgshards[plot]'" in result.output and "Traceback" not in result.output

@@ -32,7 +32,7 @@ def test_pack_info_verify(run, tiny_tree, tmp_path):
     victim = next(out.glob("train-*.tar"))
     victim.write_bytes(victim.read_bytes()[:-512])
     broken = run("verify", str(out))
-    assert broken.exit_code == 1 and victim.name in broken.output
+    assert broken.exit_code == 1 and victim.name in broken.output  # 1: the data is bad
 
 
 def test_demo_runs_end_to_end(run):
@@ -45,14 +45,14 @@ def test_demo_runs_end_to_end(run):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["pack", "{tmp}/missing", "{tmp}/out"], 1, "does not exist"),
+        (["pack", "{tmp}/missing", "{tmp}/out"], 2, "does not exist"),
         (["pack", "{tree}", "{tmp}/out", "--shard-size", "lots"], 2, "is not a size"),
         (["pack", "{tree}", "{tmp}/out", "--check", "deep"], 2, "'deep' is not one of"),
         (["pack", "{tree}", "{tmp}/out", "--quality", "50"], 2, "add --resize"),
-        (["pack", "{tree}", "{tree}/out"], 1, "inside the source tree"),
+        (["pack", "{tree}", "{tree}/out"], 2, "inside the source tree"),
         (["pack", "{tree}", "{tmp}/out", "--split", "Val"], 2, "split must be"),
-        (["info", "{tmp}"], 1, "no index.json"),
-        (["verify", "{tmp}"], 1, "no index.json"),
+        (["info", "{tmp}"], 2, "no index.json"),
+        (["verify", "{tmp}"], 2, "no index.json"),
     ],
 )
 def test_user_mistakes_get_one_line_errors(run, tiny_tree, tmp_path, args, code, message):
@@ -65,4 +65,108 @@ def test_user_mistakes_get_one_line_errors(run, tiny_tree, tmp_path, args, code,
 def test_rerun_with_other_arguments_says_how_to_proceed(run, tiny_tree, tmp_path):
     assert run("pack", str(tiny_tree), str(tmp_path / "o"), "--workers", "1", "--no-progress").exit_code == 0
     again = run("pack", str(tiny_tree), str(tmp_path / "o"), "--workers", "1", "--seed", "2", "--no-progress")
-    assert again.exit_code == 1 and "--overwrite" in again.output
+    assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+# ---- machine-readable output, exit codes, progress ------------------------------------------------
+
+
+def test_pack_json_is_one_document_on_stdout(run, mixed_tree, tmp_path):
+    result = run(
+        "pack",
+        str(mixed_tree),
+        str(tmp_path / "out"),
+        "--shard-size",
+        "30kB",
+        "--json",
+        "--val-fraction",
+        "0.2",
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # nothing but the document on stdout
+    assert doc["classes"] == 4 and set(doc["splits"]) == {"train", "val"}
+    train = doc["splits"]["train"]
+    assert train["samples"] == 32 and train["formats"] == {"jpg": 32}
+    assert doc["splits"]["val"]["samples"] == 8
+    assert sum(s["converted"].get("png_to_jpg", 0) for s in doc["splits"].values()) == 3
+    assert train["rejects"] == {
+        "total": 0,
+        "by_reason": {},
+        "file": str(tmp_path / "out" / ".imgshards/rejects/train.jsonl"),
+    }
+    assert doc["warnings"] == [] and doc["read_order"] in ("disk", "plan")
+    assert result.stderr == ""  # stderr is not a terminal here: no progress bars
+
+
+def test_keep_formats_summary_says_which_readers_miss_what(run, mixed_tree, tmp_path):
+    result = run("pack", str(mixed_tree), str(tmp_path / "out"), "--keep-formats")
+    assert result.exit_code == 0
+    assert "warning: timm's wds reader skips the 3 bmp/tiff samples" in result.stdout
+    quiet = run("pack", str(mixed_tree), str(tmp_path / "q"), "--keep-formats", "-q")
+    assert quiet.exit_code == 0 and quiet.stdout == "" and "timm's wds reader skips" in quiet.stderr
+
+
+def test_verify_json_and_exit_codes(run, tiny_tree, tmp_path):
+    out = tmp_path / "out"
+    assert run("pack", str(tiny_tree), str(out), "--shard-size", "20kB", "-q").exit_code == 0
+    good = run("verify", str(out), "--json")
+    assert good.exit_code == 0 and json.loads(good.stdout)["ok"] is True
+    assert run("verify", str(out), "-q").stdout == ""
+    victim = next(out.glob("train-*.tar"))
+    victim.write_bytes(victim.read_bytes()[:-512])
+    bad = run("verify", str(out), "--json")
+    doc = json.loads(bad.stdout)
+    assert bad.exit_code == 1 and doc["ok"] is False  # 1: the data is bad
+    assert {p["shard"] for p in doc["problems"]} == {victim.name}
+    missing = run("verify", str(tmp_path / "nothing"), "--json")
+    assert (
+        missing.exit_code == 2 and missing.stdout == "" and "no index.json" in missing.stderr
+    )  # 2: cannot run
+
+
+def test_pack_exits_1_when_every_file_is_rejected(run, tmp_path):
+    for cls in ("a", "b"):
+        (tmp_path / "src" / cls).mkdir(parents=True)
+        (tmp_path / "src" / cls / "x.jpg").write_bytes(b"")
+    result = run("pack", str(tmp_path / "src"), str(tmp_path / "out"), "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["splits"]["train"]["rejects"]["by_reason"] == {"empty": 2}
+    assert "every file of split(s) train was rejected" in result.stderr
+
+
+def test_progress_only_when_asked_or_on_a_terminal(run, tiny_tree, tmp_path):
+    quiet = run("pack", str(tiny_tree), str(tmp_path / "a"))
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    shown = run("pack", str(tiny_tree), str(tmp_path / "b"), "--progress", "--read-order", "disk")
+    assert shown.exit_code == 0
+    assert "scan: 100%" in shown.stderr and "4/4" in shown.stderr  # the class count, not "0 class"
+    assert "read train" in shown.stderr and "pack train" in shown.stderr
+
+
+def test_pack_uses_tqdm_auto_for_notebook_widgets():
+    import importlib
+
+    import tqdm.auto
+
+    assert importlib.import_module("imgshards.converter.pack").tqdm is tqdm.auto.tqdm
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--split-file", "{split_file}", "--split", "x"], "leave out --split"),
+        (["--val-split", "holdout"], "add --val-fraction"),
+        (["--val-fraction", "1.5"], "--val-fraction"),
+        (["--val-fraction", "0.2", "--val-split", "train"], "val_split must differ"),
+        (["--read-order", "random"], "'random' is not one of"),
+    ],
+)
+def test_split_options_are_checked_up_front(run, tiny_tree, tmp_path, args, message):
+    (tmp_path / "s.json").write_text("{}")
+    result = run(
+        "pack",
+        str(tiny_tree),
+        str(tmp_path / "out"),
+        *[a.format(split_file=tmp_path / "s.json") for a in args],
+    )
+    assert result.exit_code == 2 and message in result.output

@@ -55,9 +55,10 @@ def _good_samples(src: Path, rejected: set[str]) -> set[tuple[bytes, int]]:
 
 def test_round_trip_through_plain_webdataset(bad_tree, tmp_path):
     bad_tree, expected_reasons = bad_tree
-    result = pack(bad_tree, tmp_path / "out", PackConfig(shard_size=30_000, workers=2))
+    result = pack(bad_tree, tmp_path / "out", PackConfig(shard_size=30_000, workers=2, keep_formats=True))
     out = tmp_path / "out"
-    rejects = [json.loads(line) for line in (out / "train-rejects.jsonl").read_text().splitlines()]
+    assert result.info.rejects_file == ".imgshards/rejects/train.jsonl"
+    rejects = [json.loads(line) for line in (out / result.info.rejects_file).read_text().splitlines()]
     reasons = {r["path"]: r["reason"] for r in rejects}
     assert reasons == expected_reasons
     assert result.info.rejects_by_reason == {r: 1 for r in expected_reasons.values()}

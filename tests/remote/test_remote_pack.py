@@ -50,7 +50,12 @@ def test_pack_to_s3_uploads_the_local_layout(s3, remote_tree, remote_packed, tmp
     for shard in local.split("train").shards:
         assert files[shard.name] == shard.bytes
         assert f".imgshards/train/{shard.name}.json" in files
-    assert {"index.json", "_info.json", "train-rejects.jsonl", ".imgshards/train/plan.json"} <= set(files)
+    assert {
+        "index.json",
+        "_info.json",
+        ".imgshards/rejects/train.jsonl",
+        ".imgshards/train/plan.json",
+    } <= set(files)
     assert not [n for n in files if "partial" in n]
     assert not list(staging.glob("*.tar"))  # each staged shard went once uploaded
     report = verify_url(url, storage_options=options)
@@ -162,7 +167,7 @@ def test_cli_pack_info_verify_on_a_url(s3, remote_tree):
     assert verified.exit_code == 0 and verified.output.startswith("ok:"), verified.output
     assert f"{bucket}/cli/index.json" in verified.output
     missing = runner.invoke(cli, ["info", f"{bucket}/none", *opts])
-    assert missing.exit_code == 1 and "no index.json at" in missing.output
+    assert missing.exit_code == 2 and "no index.json at" in missing.output
     local_only = runner.invoke(cli, ["pack", str(remote_tree), str(Path("x")), "-o", "a=b"])
     assert local_only.exit_code == 2 and "URL destination only" in local_only.output
 
