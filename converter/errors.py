@@ -10,7 +10,9 @@ __all__ = [
     "DestinationError",
     "ImgshardsError",
     "ManifestError",
+    "PackError",
     "SourceError",
+    "UnsafeFileError",
 ]
 
 
@@ -28,3 +30,11 @@ class DestinationError(ImgshardsError):
 
 class ManifestError(ImgshardsError):
     """The index file is missing, unreadable, of an unknown version, or names a shard that is absent."""
+
+
+class UnsafeFileError(ImgshardsError, OSError):
+    """A dataset's index or shard is not a regular file (FIFO, device, directory) or links out of its root."""
+
+
+class PackError(ImgshardsError):
+    """``pack`` could not finish (the disk is full, a worker process died); rerunning it resumes."""
