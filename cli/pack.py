@@ -9,7 +9,7 @@ import click
 from imgshards.converter import DEFAULT_SHARD_SIZE, Check, PackConfig, PackResult, pack_to_url
 from imgshards.converter import pack as pack_tree
 
-from .options import ByteSize, format_bytes
+from .options import ByteSize, format_bytes, shown
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["pack", "print_summary"]
@@ -106,5 +106,6 @@ def print_summary(result: PackResult) -> None:
     empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
     if empty:
         click.secho(
-            f"  warning: {len(empty)} classes have no sample left: {', '.join(empty[:5])}", fg="yellow"
+            f"  warning: {len(empty)} classes have no sample left: {', '.join(map(shown, empty[:5]))}",
+            fg="yellow",
         )

@@ -9,6 +9,7 @@ import click
 from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
 
+from .options import shown
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["verify"]
@@ -31,7 +32,7 @@ def verify(
     else:
         report = verify_dataset(dst, splits=chosen, workers=workers)
     for problem in report.problems:
-        click.echo(f"BAD {problem}", err=True)
+        click.echo(f"BAD {shown(str(problem))}", err=True)
     if not report.ok:
         raise click.ClickException(f"{len(report.problems)} problem(s) in {report.shards} shards of {dst}")
     click.echo(f"ok: {report.shards} shards, {report.samples:,} samples match {join(dst, 'index.json')}")

@@ -197,3 +197,19 @@ def test_verify_reports_a_member_size_past_the_end_of_the_shard(ds):
     shard.write_bytes(bytes(data))
     done = cli_subprocess("verify", str(ds), "--workers", "1")
     assert done.returncode == 1 and "declares 1208925819614629174706176 bytes, past the end" in done.stderr
+
+
+# ---- case 8: class names are printed escaped --------------------------------------------------------
+
+
+def test_info_escapes_class_names_and_reasons_from_the_index(ds):
+    def edit(index):
+        index["classes"] = [f"\x1b]0;owned\x07\x1b[2J{i}\r\udcff" for i in range(4)]
+        index["splits"]["train"]["rejects"]["by_reason"] = {"\x1b[31mred": 1}
+
+    edit_index(ds, edit)
+    result = CliRunner().invoke(cli, ["info", str(ds)])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\r" not in result.output and "\x07" not in result.output
+    assert "(\\x1b]0;owned\\x07\\x1b[2J" in result.output and "\\r\\udcff)" in result.output
+    assert "\\x1b[31mred 1" in result.output
