@@ -29,9 +29,11 @@ from tqdm import tqdm
 
 from .check import Check
 from .errors import DestinationError, ManifestError, SourceError
+from .failures import explained
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from .plan import Plan, make_plan
+from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import default_workers, shared_counter, start_pool, worker_state
+from .resume import changed_shards
 from .scan import Reject, ScanResult, scan_tree
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, ShardTask, gather, write_atomic, write_shard
@@ -174,8 +176,12 @@ def pack(
     except OSError as e:
         raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
     counter = shared_counter()
-    with _locked(
-        state / "lock", f"another `imgshards pack` is writing split {config.split!r} into {dst_path}"
+    planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
+    with (
+        _locked(
+            state / "lock", f"another `imgshards pack` is writing split {config.split!r} into {dst_path}"
+        ),
+        explained(dst_path, config.split, planned),
     ):
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
@@ -184,6 +190,7 @@ def pack(
             log.info("scanned %d files in %.1f s", len(scan), time.perf_counter() - started)
             _check_classes(dst_path, config.split, scan)
             plan = make_plan(scan, seed=config.seed, shard_size=config.shard_size)
+            planned.append(int(estimated_sample_bytes(scan.sizes).sum()))
             log.info("planned %d shards", plan.num_shards)
             _prepare(dst_path, state, config, src_path, plan)
             written, reused, records = _write_all(
@@ -313,6 +320,9 @@ def _write_all(
 ) -> tuple[int, int, list[ShardRecord]]:
     """Write every shard not already done; check the done ones; return counts and all records."""
     records = _check_done(pool, plan, dst, state, config.split, hooks)
+    for i in changed_shards(pool, scan, plan, records):
+        log.warning("files of %s changed since it was packed: writing it again", _shard_name(config.split, i))
+        del records[i]
     todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
     started = time.perf_counter()

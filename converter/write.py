@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image
 
 from .check import Check, Inspection, Reason, inspect_image
+from .resume import content_digest
 from .scan import PathTable, Reject
 from .tarwriter import TarWriter
 
@@ -90,6 +91,7 @@ class ShardRecord:
     sha256: str
     class_counts: dict[int, int]
     rejects: tuple[Reject, ...]
+    content: str = ""  # digest of the files' bytes as gathered (see .resume)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form of the record."""
@@ -100,6 +102,7 @@ class ShardRecord:
             "sha256": self.sha256,
             "class_counts": {str(k): v for k, v in sorted(self.class_counts.items())},
             "rejects": [r.to_json() for r in self.rejects],
+            "content": self.content,
         }
 
     @classmethod
@@ -112,6 +115,7 @@ class ShardRecord:
             sha256=data["sha256"],
             class_counts={int(k): int(v) for k, v in data["class_counts"].items()},
             rejects=tuple(Reject(r["path"], Reason(r["reason"]), r["detail"]) for r in data["rejects"]),
+            content=str(data.get("content", "")),
         )
 
 
@@ -326,7 +330,8 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     if counter is not None:
         with counter.get_lock():
             counter.value += done % 256
-    return ShardRecord(task.name, samples, tar.size, sha256, class_counts, tuple(rejects))
+    content = content_digest(files)  # what a resumed run checks the tree against (see .resume)
+    return ShardRecord(task.name, samples, tar.size, sha256, class_counts, tuple(rejects), content)
 
 
 def _inspect(rel: str, data: bytes | OSError, task: ShardTask) -> Reject | tuple[bytes, Inspection]:
