@@ -37,7 +37,7 @@ import resource
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -46,6 +46,7 @@ import torchvision.transforms.v2 as v2
 import webdataset as wds
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
+from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, ShardDataset, decode, make_loader, preset
@@ -122,17 +123,33 @@ def run_imagefolder(name: str, args: argparse.Namespace) -> tuple[float, float]:
     return timed(batches, args.images)
 
 
+def local_samples(shards: Iterable[dict]) -> Iterator[dict]:
+    """WebDataset samples of local shards, each opened here as a file.
+
+    webdataset is handed open files, never a path string: its own opener runs a name starting with
+    ``pipe:`` as a shell command (and expands braces), and a shard name is the dataset's to choose.
+    """
+    for shard in shards:
+        with open(shard["path"], "rb") as stream:
+            yield from group_by_keys(tar_file_expander([{"url": shard["path"].name, "stream": stream}]))
+
+
 def run_webdataset(name: str, args: argparse.Namespace) -> tuple[float, float]:
-    urls = [str(args.packed / s.name) for s in read_manifest(args.packed).split("train").shards]
+    paths = [args.packed / s.name for s in read_manifest(args.packed).split("train").shards]
 
     def batches() -> Iterable:
-        pipeline = (
-            wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only, empty_check=False)
-            .shuffle(1000)
-            .decode("pil")
-            .to_tuple("jpg", "cls")
-            .map_tuple(reference_transform(name), lambda x: x)
-            .batched(args.batch_size)
+        # What wds.WebDataset(urls, shardshuffle=len(urls)) composes, with the shards opened as files.
+        pipeline = wds.DataPipeline(
+            lambda: ({"path": path} for path in paths),
+            wds.single_node_only,
+            wds.split_by_worker,
+            wds.shuffle(len(paths)),
+            local_samples,
+            wds.shuffle(1000),
+            wds.decode("pil"),
+            wds.to_tuple("jpg", "cls"),
+            wds.map_tuple(reference_transform(name), lambda x: x),
+            wds.batched(args.batch_size),
         )
         return DataLoader(pipeline, batch_size=None, num_workers=args.workers)
 

@@ -9,7 +9,7 @@ import click
 
 from imgshards.converter import read_manifest
 
-from .options import format_bytes
+from .options import format_bytes, shown
 from .storage import PathOrURL, storage_option
 
 __all__ = ["info"]
@@ -38,8 +38,8 @@ def info(dst: Path | str, as_json: bool, storage_options: dict[str, object]) -> 
             low = min(range(len(counts)), key=counts.__getitem__)
             high = max(range(len(counts)), key=counts.__getitem__)
             click.echo(
-                f"    per class: {counts[low]:,} ({manifest.classes[low]}) .. {counts[high]:,} "
-                f"({manifest.classes[high]})"
+                f"    per class: {counts[low]:,} ({shown(manifest.classes[low])}) .. {counts[high]:,} "
+                f"({shown(manifest.classes[high])})"
             )
-        reasons = ", ".join(f"{r} {n:,}" for r, n in split.rejects_by_reason.items()) or "none"
+        reasons = ", ".join(f"{shown(r)} {n:,}" for r, n in split.rejects_by_reason.items()) or "none"
         click.echo(f"    rejected: {split.rejects_total:,} ({reasons})")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-__all__ = ["ByteSize", "format_bytes"]
+__all__ = ["ByteSize", "format_bytes", "shown"]
 
 _UNITS = {
     "": 1,
@@ -53,3 +53,15 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (escape codes) and undecodable bytes escaped.
+
+    Class names and reject reasons come from a dataset's index, which is untrusted input.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text
+    )

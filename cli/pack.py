@@ -21,7 +21,7 @@ from imgshards.converter import (
 from imgshards.converter import pack as pack_tree
 
 from .exits import BadData
-from .options import ByteSize, format_bytes
+from .options import ByteSize, format_bytes, shown
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["pack", "print_summary", "summary_json"]
@@ -167,7 +167,7 @@ def _warnings(result: PackResult) -> list[str]:
         notes += [prefix + note for note in reader_warnings(info.formats)]
         empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
         if empty and info.samples:
-            notes.append(f"{prefix}{len(empty)} classes have no sample: {', '.join(empty[:5])}")
+            notes.append(f"{prefix}{len(empty)} classes have no sample: {', '.join(map(shown, empty[:5]))}")
     return notes
 
 

@@ -11,6 +11,7 @@ from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
 
 from .exits import BadData
+from .options import shown
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["verify"]
@@ -49,7 +50,7 @@ def verify(
         click.echo(json.dumps({**doc, "problems": problems}, indent=1))
     elif not quiet:
         for problem in report.problems:
-            click.echo(f"BAD {problem}", err=True)
+            click.echo(f"BAD {shown(str(problem))}", err=True)
     if not report.ok:
         raise BadData(f"{len(report.problems)} problem(s) in {report.shards} shards of {dst}")
     if not as_json and not quiet:

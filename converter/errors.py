@@ -10,8 +10,10 @@ __all__ = [
     "DestinationError",
     "ImgshardsError",
     "ManifestError",
+    "PackError",
     "SourceError",
     "SplitFileError",
+    "UnsafeFileError",
 ]
 
 
@@ -33,3 +35,11 @@ class ManifestError(ImgshardsError):
 
 class SplitFileError(ImgshardsError):
     """The ``--split-file`` is unreadable, malformed, or names files the tree does not have."""
+
+
+class UnsafeFileError(ImgshardsError, OSError):
+    """A dataset's index or shard is not a regular file (FIFO, device, directory) or links out of its root."""
+
+
+class PackError(ImgshardsError):
+    """``pack`` could not finish (the disk is full, a worker process died); rerunning it resumes."""

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
+from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
     "FORMAT_NAME",
@@ -48,8 +49,10 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "SplitInfo",
+    "check_name",
     "is_url",
     "local_path",
+    "open_regular",
     "read_manifest",
 ]
 
@@ -178,17 +181,9 @@ class Manifest:
                 f"{where} has format version {data.get('version')!r}; this imgshards reads version "
                 f"{FORMAT_VERSION}: upgrade imgshards, or re-pack with this one"
             )
-        try:
-            classes = tuple(str(c) for c in data["classes"])
-            splits = {name: _split_from_json(name, s) for name, s in data["splits"].items()}
-        except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"{where} is malformed ({type(e).__name__}: {e}); re-pack the dataset") from e
-        for split in splits.values():
-            if len(split.class_counts) != len(classes):
-                raise ManifestError(
-                    f"{where}: split {split.name!r} has {len(split.class_counts)} class counts "
-                    f"for {len(classes)} classes; re-pack the dataset"
-                )
+        check_index(data, where)  # untrusted input: every name, count and size, before any is used
+        classes = tuple(data["classes"])
+        splits = {name: _split_from_json(name, s) for name, s in data["splits"].items()}
         return cls(classes=classes, splits=splits)
 
 
@@ -244,18 +239,15 @@ def read_manifest(
     if path.is_dir():
         path = path / INDEX_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_regular(path) as f:  # not a FIFO (would block) or a device (would not end)
+            raw = f.read(MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
         raise ManifestError(
             f"no {INDEX_NAME} at {path}: not a packed dataset, or `imgshards pack` has not finished there"
         ) from None
     except OSError as e:
-        raise ManifestError(f"cannot read {path}: {e.strerror}") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{path} is not valid JSON ({e}); re-pack the dataset") from e
-    return Manifest.from_json(data, where=str(path))
+        raise ManifestError(f"cannot read {path}: {e.strerror or e}") from e
+    return Manifest.from_json(parse_index(raw, str(path)), where=str(path))
 
 
 def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest:
@@ -264,7 +256,7 @@ def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest
     index_url = url if url.endswith(".json") else f"{url.rstrip('/')}/{INDEX_NAME}"
     try:
         fs, path = url_to_fs(index_url, **storage_options)
-        text = fs.cat_file(path).decode("utf-8")
+        raw = fs.cat_file(path, start=0, end=MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
         raise ManifestError(
             f"no {INDEX_NAME} at {index_url}: not a packed dataset, "
@@ -274,8 +266,4 @@ def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest
         raise ManifestError(f"cannot read {index_url}: {e}") from e
     except Exception as e:  # the file system's own errors (aiohttp, botocore...), not importable here
         raise ManifestError(f"cannot read {index_url}: {type(e).__name__}: {e}") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{index_url} is not valid JSON ({e}); re-pack the dataset") from e
-    return Manifest.from_json(data, where=index_url)
+    return Manifest.from_json(parse_index(raw, index_url), where=index_url)

@@ -34,11 +34,13 @@ from tqdm.auto import tqdm
 
 from .check import Check
 from .errors import DestinationError, ManifestError, SourceError, SplitFileError
+from .failures import explained
 from .formats import main_format
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from .plan import Plan, make_plan
+from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import default_workers, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order
+from .resume import changed_shards
 from .scan import Reject, ScanResult, scan_tree
 from .splits import SPLIT_CHARS, Part, read_split_file, split_by_file, split_stratified, whole
 from .verify import hash_file
@@ -227,10 +229,12 @@ def pack(
     except OSError as e:
         raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
     counter = shared_counter()
+    planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
     with contextlib.ExitStack() as locks:
         for name in sorted(names):
             busy = f"another `imgshards pack` is writing split {name!r} into {dst_path}"
             locks.enter_context(_locked(dst_path / STATE_DIR / name / "lock", busy))
+        locks.enter_context(explained(dst_path, sorted(names), planned))
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
         written = reused = 0
@@ -244,6 +248,7 @@ def pack(
             log.info("reading the tree in %s order", order.value)
             for part in parts:
                 plan = _plan(part, len(scan), config)
+                planned.append(int(estimated_sample_bytes(part.scan.sizes).sum()))
                 log.info("planned %d shards of split %s", plan.num_shards, part.name)
                 state = dst_path / STATE_DIR / part.name
                 _prepare(dst_path, state, config, src_path, plan, part.name)
@@ -436,6 +441,9 @@ def _write_all(
     """Write every shard not already done; check the done ones; return counts and all records."""
     scan, split = part.scan, part.name
     records = _check_done(pool, plan, dst, state, split, hooks)
+    for i in changed_shards(pool, scan, plan, records):
+        log.warning("files of %s changed since it was packed: writing it again", _shard_name(split, i))
+        del records[i]
     todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
     direct = order is ReadOrder.PLAN

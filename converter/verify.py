@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from .manifest import Manifest, ShardInfo, read_manifest
 from .pool import default_workers, start_pool
+from .validate import open_regular
 
 __all__ = [
     "ShardProblem",
@@ -96,9 +97,15 @@ def check_shard_stream(
     try:
         with opener() as f:
             reader = _HashingReader(f)
+            end = _real_size(f, expected)
             try:
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                     for member in tar:
+                        if member.offset_data + member.size > end:  # else tarfile reads on for ever
+                            problems.append(
+                                f"member {member.name!r} declares {member.size} bytes, past the end"
+                            )
+                            break
                         key, _, ext = member.name.partition(".")
                         keys.add(key)
                         if ext == "cls":
@@ -114,6 +121,8 @@ def check_shard_stream(
             reader.drain()
     except FileNotFoundError:
         return [f"missing (expected {expected.bytes} bytes)"], labels
+    except OSError as e:  # not a regular file, a symlink out of the dataset, unreadable
+        return [f"unreadable ({e.strerror or e})"], labels
     if reader.size != expected.bytes:
         problems.append(f"{reader.size} bytes, index says {expected.bytes}")
     if reader.sha.hexdigest() != expected.sha256:
@@ -121,6 +130,15 @@ def check_shard_stream(
     if len(keys) != expected.samples or sum(labels.values()) != expected.samples:
         problems.append(f"{len(keys)} samples, index says {expected.samples}")
     return problems, labels
+
+
+def _real_size(f: BinaryIO, expected: ShardInfo) -> int:
+    """The shard's size as its file system says (the index's if it cannot say): where members must end."""
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        size = getattr(f, "size", None)  # fsspec's files
+        return size if isinstance(size, int) else expected.bytes
 
 
 def shard_jobs(manifest: Manifest, splits: list[str] | None) -> list[tuple[str, ShardInfo]]:
@@ -153,9 +171,9 @@ def build_report(
     return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
 
 
-def _check_local_shard(path: str, expected: ShardInfo, num_classes: int) -> tuple[list[str], Counter[int]]:
+def _check_local_shard(root: Path, expected: ShardInfo, num_classes: int) -> tuple[list[str], Counter[int]]:
     def opener() -> BinaryIO:
-        return open(path, "rb")
+        return open_regular(root / expected.name, inside=root)
 
     return check_shard_stream(opener, expected, num_classes)
 
@@ -174,10 +192,7 @@ def verify(
     jobs = shard_jobs(manifest, splits)
     pool = start_pool(min(workers or default_workers(), max(1, len(jobs))))
     try:
-        futures = [
-            pool.submit(_check_local_shard, str(root / shard.name), shard, len(manifest.classes))
-            for _, shard in jobs
-        ]
+        futures = [pool.submit(_check_local_shard, root, shard, len(manifest.classes)) for _, shard in jobs]
         return build_report(manifest, jobs, (future.result() for future in futures))
     finally:
         pool.shutdown()

@@ -40,6 +40,7 @@ from PIL import Image
 
 from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
+from .resume import combined_digest, file_digest
 from .scan import PathTable, Reject
 from .tarwriter import TarWriter
 
@@ -105,6 +106,7 @@ class ShardRecord:
     rejects: tuple[Reject, ...]
     formats: dict[str, int] = field(default_factory=dict)
     converted: dict[str, int] = field(default_factory=dict)
+    content: str = ""  # digest of the files' bytes as gathered (see .resume)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form of the record."""
@@ -117,6 +119,7 @@ class ShardRecord:
             "rejects": [r.to_json() for r in self.rejects],
             "formats": dict(sorted(self.formats.items())),
             "converted": dict(sorted(self.converted.items())),
+            "content": self.content,
         }
 
     @classmethod
@@ -131,6 +134,7 @@ class ShardRecord:
             rejects=tuple(Reject(r["path"], Reason(r["reason"]), r["detail"]) for r in data["rejects"]),
             formats={str(k): int(v) for k, v in data.get("formats", {}).items()},
             converted={str(k): int(v) for k, v in data.get("converted", {}).items()},
+            content=str(data.get("content", "")),
         )
 
 
@@ -305,6 +309,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     class_counts: dict[int, int] = {}
     formats: dict[str, int] = {}
     converted: dict[str, int] = {}
+    digests: list[bytes] = []  # of the files as read, for a resumed run's content check (see .resume)
     samples = done = 0
     class_json = [encode_basestring_ascii(name) for name in task.classes]
     rel_paths = list(task.paths)
@@ -317,6 +322,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     with open(tmp, "wb", buffering=1 << 20) as f:
         tar = TarWriter(f)
         for i, data in enumerate(files):
+            digests.append(file_digest(data))
             rel = rel_paths[i]
             outcome = _inspect(rel, data, task)
             if isinstance(outcome, Reject):
@@ -355,7 +361,10 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     if counter is not None:
         with counter.get_lock():
             counter.value += done % 256
-    return ShardRecord(task.name, samples, tar.size, sha256, class_counts, tuple(rejects), formats, converted)
+    content = combined_digest(digests)  # what a resumed run checks the tree against (see .resume)
+    return ShardRecord(
+        task.name, samples, tar.size, sha256, class_counts, tuple(rejects), formats, converted, content
+    )
 
 
 def _inspect(

@@ -337,12 +337,18 @@ class ShardDataset(IterableDataset[Batch]):
             self._control.count(worker, UNREADABLE)
             warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
+        def on_corrupt(e: CorruptImageError) -> None:  # a label outside the classes, no image...
+            self._control.count(worker, CORRUPT)
+            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=2)
+
         runs = read_runs(
             plan,
             self.split_info.shards,
             self.source,
             on_truncated=on_truncated,
             on_unreadable=None if self.on_error == "raise" else on_unreadable,
+            num_classes=len(self.manifest.classes),
+            on_corrupt=None if self.on_error == "raise" else on_corrupt,
         )
         rng = worker_rng(self.seed, epoch, self.rank, worker) if self.shuffle else None
         sizes = [len(seg) for seg in plan.segments]

@@ -17,7 +17,9 @@ class ConfigError(ImgshardsError, ValueError):
 
 
 class CorruptImageError(ImgshardsError):
-    """An image in a shard does not decode; raised with ``on_error="raise"``, else skipped and counted.
+    """A sample in a shard is unusable: its image does not decode, or its label is not one of the classes.
+
+    Raised with ``on_error="raise"``, else skipped and counted.
 
     Built from one message string (:meth:`for_sample` writes it), so a DataLoader can re-raise it
     in the main process as this class.

@@ -43,11 +43,14 @@ def read_runs(
     *,
     on_truncated: Callable[[str], None],
     on_unreadable: Callable[[ShardReadError], None] | None,
+    num_classes: int | None = None,
+    on_corrupt: Callable[[CorruptImageError], None] | None = None,
 ) -> list[Iterator[RawSample]]:
     """One lazy run of raw samples per segment of ``plan``, read from ``source`` in the plan's order.
 
     A shard that cannot be read ends its run and is reported to ``on_unreadable``; with
-    ``on_unreadable=None`` the :class:`ShardReadError` propagates.
+    ``on_unreadable=None`` the :class:`ShardReadError` propagates. A sample whose label is not in
+    ``0..num_classes-1`` goes to ``on_corrupt`` (raises with None).
     """
     source.plan([shards[seg.shard] for seg in plan.segments])  # prefetch in this order
     runs = []
@@ -59,6 +62,8 @@ def read_runs(
             seg.stop,
             on_truncated=on_truncated,
             opener=functools.partial(source.open, shard),
+            num_classes=num_classes,
+            on_corrupt=on_corrupt,
         )
         runs.append(run if on_unreadable is None else _unless_unreadable(run, on_unreadable))
     return runs

@@ -12,17 +12,26 @@ first dot of its last path part, the extension the rest, lower-cased); the tests
 webdataset's reading of the same shard. Besides the ustar headers the converter writes, it reads pax
 (``x``, ``g``) and GNU long-name (``L``) headers, so shards from webdataset's or GNU tar's writers
 load too.
+
+A shard is untrusted input: every member's declared size is checked against the bytes left in the
+shard before anything is allocated or skipped, names that are not UTF-8 are read as bytes
+(``surrogateescape``, as ``tarfile`` does), and a label that is not an integer in ``0..classes-1``
+makes its sample corrupt (``on_corrupt``), never a label passed on.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Generator, Iterator
 from io import BufferedReader
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, cast
 
+from imgshards.converter.errors import ImgshardsError
 from imgshards.converter.manifest import IMAGE_EXTENSIONS
+
+from .errors import CorruptImageError, ShardReadError
 
 __all__ = ["RawSample", "ShardFormatError", "read_run"]
 
@@ -31,6 +40,8 @@ _READ_BUFFER = 1 << 20
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 _REGULAR = (b"0", b"\0", b"7")
 _SKIPPED_EXTS = frozenset({"json"})
+_MAX_EXTENDED_HEADER = 1 << 20  # a pax or GNU long-name header: a path, a few keywords
+_MAX_LABEL_DIGITS = 20
 
 
 class RawSample(NamedTuple):
@@ -54,6 +65,8 @@ def read_run(
     *,
     on_truncated: Callable[[str], None] | None = None,
     opener: Callable[[], BinaryIO] | None = None,
+    num_classes: int | None = None,
+    on_corrupt: Callable[[CorruptImageError], None] | None = None,
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
@@ -63,17 +76,30 @@ def read_run(
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
     damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
     it stopped at.
+
+    A sample without one image and a label, or whose label is not an integer in
+    ``0..num_classes-1``, goes to ``on_corrupt`` (raised without it) and the run goes on. A read
+    error of the file is a :class:`~imgshards.loader.errors.ShardReadError`.
     """
     path = Path(path)
     expected, got, problem = stop - start, 0, ""
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
-        samples = _samples(cast(BufferedReader, f), start, stop, path.name)
+        samples = _samples(cast(BufferedReader, f), start, stop, path.name, num_classes)
         try:
             for sample in samples:
-                yield sample
                 got += 1
+                if isinstance(sample, CorruptImageError):
+                    if on_corrupt is None:
+                        raise sample
+                    on_corrupt(sample)
+                else:
+                    yield sample
         except ShardFormatError as e:
             problem = f"; {e}"
+        except OSError as e:
+            if isinstance(e, ImgshardsError):
+                raise
+            raise ShardReadError(f"cannot read shard {path}: {e}", shard=path.name) from e
         finally:
             samples.close()
     if got < expected:
@@ -87,11 +113,18 @@ def read_run(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[RawSample, None, None]:
-    """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples."""
+def _samples(
+    f: BufferedReader, start: int, stop: int, shard: str, num_classes: int | None
+) -> Generator[RawSample | CorruptImageError, None, None]:
+    """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples.
+
+    A sample that is not usable comes out as the error saying why, in its place.
+    """
     index, key = -1, None
     parts: dict[str, bytearray] = {}
-    headers = _headers(f)
+    end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
+    f.seek(0)
+    headers = _headers(f, end)
     while True:
         try:
             name, size = next(headers)
@@ -99,7 +132,7 @@ def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[
             break
         except ShardFormatError:
             if "cls" in parts and not _IMAGE_EXTS.isdisjoint(parts):
-                yield _to_raw(key, parts, shard)  # complete before the damage
+                yield _to_raw(key, parts, shard, num_classes)  # complete before the damage
             raise
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
@@ -109,7 +142,7 @@ def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[
         member_key, ext = name[:dot], name[dot + 1 :].lower()
         if member_key != key:
             if parts:
-                yield _to_raw(key, parts, shard)
+                yield _to_raw(key, parts, shard, num_classes)
                 parts = {}
             key, index = member_key, index + 1
             if index >= stop:
@@ -123,11 +156,17 @@ def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[
         _skip(f, size, size)
         parts[ext] = data
     if parts:
-        yield _to_raw(key, parts, shard)
+        sample = _to_raw(key, parts, shard, num_classes)
+        if isinstance(sample, CorruptImageError) and ("cls" not in parts or _IMAGE_EXTS.isdisjoint(parts)):
+            raise ShardFormatError(f"sample {key!r} is cut short")  # the shard ends inside it
+        yield sample
 
 
-def _headers(f: BufferedReader) -> Iterator[tuple[str, int]]:
-    """Yield ``(name, size)`` of each regular member, leaving ``f`` at its data."""
+def _headers(f: BufferedReader, end: int) -> Iterator[tuple[str, int]]:
+    """Yield ``(name, size)`` of each regular member, leaving ``f`` at its data.
+
+    Every size is checked against ``end``, the shard's real size, before it is used.
+    """
     long_name: str | None = None
     while True:
         header = f.read(_BLOCK)
@@ -140,24 +179,28 @@ def _headers(f: BufferedReader) -> Iterator[tuple[str, int]]:
         if _checksum(header) != _octal(header[148:156]):
             raise ShardFormatError("a tar header has a bad checksum")
         size = _octal(header[124:136])
+        if size > end - f.tell():
+            raise ShardFormatError(f"a tar member declares {size} bytes, more than the shard has left")
         kind = header[156:157]
         if kind in (b"x", b"g", b"L"):
+            if size > _MAX_EXTENDED_HEADER:
+                raise ShardFormatError(f"an extended tar header declares {size} bytes")
             data = f.read(size)
             if len(data) != size:
                 raise ShardFormatError("an extended tar header is cut short")
             _skip(f, size, size)
             if kind == b"L":
-                long_name = data.rstrip(b"\0").decode("utf-8")
+                long_name = _text(data.rstrip(b"\0"))
             elif kind == b"x":
                 long_name = _pax_path(data) or long_name
             continue
         if long_name is not None:
             name, long_name = long_name, None
         else:
-            name = header[:100].rstrip(b"\0").decode("utf-8")
+            name = _text(header[:100].rstrip(b"\0"))
             prefix = header[345:500].rstrip(b"\0") if header[257:262] == b"ustar" else b""
             if prefix:
-                name = prefix.decode("utf-8") + "/" + name
+                name = _text(prefix) + "/" + name
         if kind in _REGULAR:
             yield name, size
         else:
@@ -189,18 +232,36 @@ def _pax_path(data: bytes) -> str | None:
         _, _, keyword_value = record.partition(b" ")
         keyword, _, value = keyword_value.partition(b"=")
         if keyword == b"path":
-            path = value.decode("utf-8")
+            path = _text(value)
     return path
 
 
-def _to_raw(key: str | None, parts: dict[str, bytearray], shard: str) -> RawSample:
+def _text(name: bytes) -> str:
+    """A member name as text; bytes that are not UTF-8 are kept as surrogates (as ``tarfile`` does)."""
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _to_raw(
+    key: str | None, parts: dict[str, bytearray], shard: str, num_classes: int | None
+) -> RawSample | CorruptImageError:
     images = [ext for ext in parts if ext in _IMAGE_EXTS]
     label = parts.get("cls")
     if label is None or len(images) != 1:
-        raise ShardFormatError(f"sample {key!r} has members {sorted(parts)}, not one image and a .cls")
-    try:
-        value = int(label)
-    except ValueError:
-        raise ShardFormatError(f"sample {key!r} has a non-integer .cls: {bytes(label[:20])!r}") from None
+        return _corrupt(key, shard, f"members {sorted(parts)}, not one image and a .cls")
+    text = bytes(label[: _MAX_LABEL_DIGITS + 1]).strip()
+    if len(text) > _MAX_LABEL_DIGITS or not text.isdigit():
+        return _corrupt(key, shard, f"a .cls that is not a label: {bytes(label[:24])!r}")
+    value = int(text)
+    if num_classes is not None and value >= num_classes:
+        return _corrupt(key, shard, f"label {value}, outside the index's classes 0..{num_classes - 1}")
     ext = images[0]
     return RawSample(key=str(key), ext=ext, data=parts[ext], label=value, shard=shard)
+
+
+def _corrupt(key: str | None, shard: str, reason: str) -> CorruptImageError:
+    return CorruptImageError(
+        f"sample {key!r} in shard {shard} has {reason}; it is skipped "
+        '(on_error="raise" stops on it); re-pack the dataset, or run `imgshards verify`',
+        key=key,
+        shard=shard,
+    )

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from imgshards.converter.manifest import check_name
+
 __all__ = ["CacheEntry", "Reservation", "ShardCache"]
 
 _LOCK_NAME = ".lock"
@@ -147,8 +149,18 @@ class ShardCache:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, shard: str, sha256: str) -> Path:
-        """Where the shard lives in the cache when it is there."""
-        return self.root / cache_name(shard, sha256)
+        """Where the shard lives in the cache when it is there: always directly in ``root``.
+
+        Raises:
+            ManifestError: ``shard`` is not a plain file name (the index checks it already; the cache
+                writes files, so it checks again).
+
+        """
+        check_name(shard, "shard name", str(self.root))
+        path = self.root / cache_name(shard, sha256)
+        if path.parent != self.root:
+            raise ValueError(f"{shard!r} with hash {sha256!r} names a file outside the cache {self.root}")
+        return path
 
     def open(self, shard: str, sha256: str) -> BinaryIO | None:
         """Open the cached shard for reading (shared-locked, its use time bumped), or None on a miss."""
@@ -167,7 +179,7 @@ class ShardCache:
 
         None when the shard is cached already, another process is writing it, or no room can be made.
         """
-        if size > self.limit:
+        if not 0 <= size <= self.limit:
             return None
         final = self.path(shard, sha256)
         with self.locked():

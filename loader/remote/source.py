@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from imgshards.converter.errors import ManifestError
-from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path
+from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 
 from ..errors import ConfigError, ShardReadError
 from .cache import Reservation, ShardCache
@@ -123,7 +123,7 @@ class ShardSource:
             if sizes is None:
                 return
         else:
-            sizes = {s.name: _local_size(Path(self.url(s.name))) for s in shards}
+            sizes = {s.name: self._local_size(s.name, split) for s in shards}
             sizes = {name: size for name, size in sizes.items() if size is not None}
         for shard in shards:
             if shard.name not in sizes:
@@ -148,7 +148,12 @@ class ShardSource:
     def open(self, shard: ShardInfo) -> BinaryIO:
         """Open a shard for reading (see the module docstring for where it is read from)."""
         if not self.remote:
-            return open(self.url(shard.name), "rb", buffering=_READ_BUFFER)
+            try:  # a regular file inside the root only: never a FIFO, a device or a link out
+                return open_regular(self.url(shard.name), inside=Path(self.root))
+            except OSError as e:  # goes through on_error, as a remote shard that cannot be read
+                raise ShardReadError(
+                    f"cannot read shard {self.url(shard.name)}: {e}", shard=shard.name
+                ) from e
         return self._process().open(shard)
 
     def settle(self) -> None:
@@ -156,12 +161,15 @@ class ShardSource:
         if self._state is not None and self._state.pid == os.getpid():
             self._state.settle()
 
-
-def _local_size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return None
+    def _local_size(self, name: str, split: str) -> int | None:
+        """A local shard's size, None if it is missing; ManifestError if it is not one to open."""
+        try:
+            with open_regular(self.url(name), inside=Path(self.root)) as f:
+                return os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ManifestError(f"shard {name} of split {split!r}: {e}; replace it with the shard") from e
 
 
 class _ProcessState:

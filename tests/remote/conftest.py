@@ -58,6 +58,7 @@ class Request:
 class ServerState:
     root: Path
     latency: float = 0.0
+    listing: bool = True
     faults: list[Fault] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,6 +95,12 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:
         pass
+
+    def list_directory(self, path):
+        if self.state.listing:
+            return super().list_directory(path)
+        self.send_error(404, "No listing")  # as most servers and CDNs: no page for a directory
+        return None
 
     def do_GET(self) -> None:
         match = _RANGE.fullmatch(self.headers.get("Range", ""))
@@ -147,9 +154,9 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def http_server(root: Path, latency: float = 0.0) -> Iterator[tuple[str, ServerState]]:
+def http_server(root: Path, latency: float = 0.0, listing: bool = True) -> Iterator[tuple[str, ServerState]]:
     """Serve ``root`` on 127.0.0.1 (a free port) in a thread; yield its base URL and state."""
-    state = ServerState(root=root, latency=latency)
+    state = ServerState(root=root, latency=latency, listing=listing)
     handler = type("Handler", (RangeHandler,), {"state": state})
     server = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -164,9 +171,11 @@ def http_server(root: Path, latency: float = 0.0) -> Iterator[tuple[str, ServerS
 
 @pytest.fixture
 def http_serve():
-    """``http_serve(root, latency=0.0)``: serve a directory for the test; returns (base URL, state)."""
+    """``http_serve(root, latency=0.0, listing=True)``: serve a directory; returns (base URL, state)."""
     with contextlib.ExitStack() as stack:
-        yield lambda root, latency=0.0: stack.enter_context(http_server(Path(root), latency))
+        yield lambda root, latency=0.0, listing=True: stack.enter_context(
+            http_server(Path(root), latency, listing)
+        )
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,248 @@
+"""What an index may say, and how a dataset's files are opened: a dataset is untrusted input.
+
+People read datasets they did not pack (a colleague's bucket, a public mirror), so everything an
+``index.json`` says is checked once, before any of it is used, by :func:`parse_index` (size, text,
+depth, JSON) and :func:`check_index` (the schema below), and every local file of a dataset is opened
+with :func:`open_regular`. What holds afterwards:
+
+- A shard or rejects-file name is a plain file name: no separator, no ``..``, no scheme (``pipe:``,
+  ``s3:``), no control character, no leading dot, not URL-escaped; joined onto the dataset root or
+  a cache directory it stays there (:func:`check_name`).
+- Counts and sizes are integers (not floats, not booleans) within bounds: a shard holds at most
+  ``MAX_SHARD_BYTES`` and at most one sample per ``MIN_SAMPLE_BYTES`` of it; a split's totals and
+  per-class counts add up to its shards'.
+- There is at least one class, class names are distinct strings, and the per-class counts of every
+  split line up with them.
+- The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON, nested at most ``MAX_DEPTH`` deep.
+- Only regular files are opened as an index or a shard: never a FIFO (whose open would block), a
+  device (``/dev/zero`` never ends) or a directory; a symlinked shard must resolve inside the root.
+
+Each failure is a :class:`~.errors.ManifestError` naming the document and the field
+(``splits.train.shards[3].name``) and saying what to do.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .errors import ManifestError, UnsafeFileError
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INDEX_BYTES",
+    "MAX_SHARD_BYTES",
+    "MIN_SAMPLE_BYTES",
+    "check_index",
+    "check_name",
+    "open_regular",
+    "parse_index",
+]
+
+MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~1 MB
+MAX_DEPTH = 32  # the format nests 6 deep; the pack arguments may nest a little more
+MAX_SHARD_BYTES = 1 << 40
+# The smallest sample a tar can hold: a header and a data block for the image, and for the label.
+MIN_SAMPLE_BYTES = 4 * 512
+MAX_NAME_BYTES = 255
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# Separators, a scheme's colon, URL escapes, queries and fragments, and control characters.
+_BAD_NAME_CHARS = re.compile(r"[/\\:%?#\x00-\x1f\x7f-\x9f]")
+
+
+def check_name(name: object, field: str, where: str) -> str:
+    """Return ``name`` if it is a plain file name (see the module docstring), else raise ManifestError."""
+    if not isinstance(name, str) or not name:
+        raise _bad(where, field, name, "a non-empty string")
+    if (
+        name.startswith(".")
+        or _BAD_NAME_CHARS.search(name)
+        or len(name.encode("utf-8", "replace")) > MAX_NAME_BYTES
+    ):
+        raise _bad(
+            where,
+            field,
+            name,
+            "a plain file name (no '/', '\\\\', ':', '%', control characters or leading dot, "
+            f"at most {MAX_NAME_BYTES} bytes): the dataset may be trying to reach files outside its root",
+        )
+    return name
+
+
+def parse_index(data: bytes, where: str) -> Any:
+    """Parse the bytes of an index: bounded in size, UTF-8, JSON, bounded in depth."""
+    if len(data) > MAX_INDEX_BYTES:
+        raise ManifestError(f"{where} is over {MAX_INDEX_BYTES >> 20} MiB: not an imgshards index")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{where} is not UTF-8 text (byte {e.start}); re-pack the dataset") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{where} is not valid JSON ({e}); re-pack the dataset") from None
+    except RecursionError:
+        raise ManifestError(
+            f"{where} is nested deeper than JSON can be read: not an imgshards index"
+        ) from None
+    _check_depth(document, where)
+    return document
+
+
+def _check_depth(document: Any, where: str) -> None:
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ManifestError(f"{where} is nested over {MAX_DEPTH} deep: not an imgshards index")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+
+
+def check_index(data: Mapping[str, Any], where: str) -> None:
+    """Check the classes and splits of a parsed index (format and version already checked)."""
+    classes = _typed(data, "classes", list, where, "a list of class names")
+    if not classes:
+        raise ManifestError(f"{where}: classes is empty; a packed dataset has at least one class")
+    for i, name in enumerate(classes):
+        if not isinstance(name, str) or not name or len(name) > 4096:
+            raise _bad(where, f"classes[{i}]", name, "a non-empty string")
+    if len(set(classes)) != len(classes):
+        raise ManifestError(f"{where}: classes holds a name twice; class names are distinct directories")
+    splits = _typed(data, "splits", dict, where, "an object of splits")
+    names: set[str] = set()
+    for split, body in splits.items():
+        if not _SPLIT_NAME.fullmatch(split):
+            raise _bad(where, f"splits.{split!r}", split, "a split name (letters, digits, '_', '-', '.')")
+        _check_split(body, len(classes), f"splits.{split}", where, names)
+
+
+def _check_split(body: Any, num_classes: int, field: str, where: str, names: set[str]) -> None:
+    if not isinstance(body, dict):
+        raise _bad(where, field, body, "an object")
+    shards = _typed(body, "shards", list, where, "a list of shards", field)
+    samples = total = 0
+    for i, shard in enumerate(shards):
+        at = f"{field}.shards[{i}]"
+        if not isinstance(shard, dict):
+            raise _bad(where, at, shard, "an object")
+        name = check_name(shard.get("name"), f"{at}.name", where)
+        if name in names:
+            raise _bad(where, f"{at}.name", name, "a name no other shard has")
+        names.add(name)
+        size = _count(shard, "bytes", MAX_SHARD_BYTES, where, at)
+        samples += _count(shard, "samples", size // MIN_SAMPLE_BYTES, where, at)
+        total += size
+        sha = shard.get("sha256")
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise _bad(where, f"{at}.sha256", sha, "64 lower-case hex digits")
+    for key, value in (("samples", samples), ("bytes", total)):
+        if key in body and (_int(body[key]) is None or body[key] != value):
+            raise _bad(where, f"{field}.{key}", body[key], f"{value}, the sum over its shards")
+    counts = _typed(body, "class_counts", list, where, "a list of per-class counts", field)
+    if len(counts) != num_classes:
+        raise _bad(
+            where, f"{field}.class_counts", f"{len(counts)} counts", f"one count per class ({num_classes})"
+        )
+    for i, n in enumerate(counts):
+        if _int(n) is None or not 0 <= n <= samples:
+            raise _bad(where, f"{field}.class_counts[{i}]", n, f"an integer in 0..{samples}")
+    if sum(counts) != samples:
+        raise _bad(where, f"{field}.class_counts", f"sum {sum(counts)}", f"the split's {samples} samples")
+    _check_rejects(body.get("rejects"), f"{field}.rejects", where)
+    if not isinstance(body.get("pack", {}) or {}, dict):
+        raise _bad(where, f"{field}.pack", body.get("pack"), "an object")
+
+
+def _check_rejects(rejects: Any, field: str, where: str) -> None:
+    if rejects is None:
+        return
+    if not isinstance(rejects, dict):
+        raise _bad(where, field, rejects, "an object")
+    _count(rejects, "total", 1 << 48, where, field, required=False)
+    by_reason = rejects.get("by_reason") or {}
+    if not isinstance(by_reason, dict) or any(_int(v) is None or v < 0 for v in by_reason.values()):
+        raise _bad(where, f"{field}.by_reason", by_reason, "an object of non-negative counts")
+    if rejects.get("file") is not None:
+        check_name(rejects["file"], f"{field}.file", where)
+
+
+def _typed(data: Mapping[str, Any], key: str, kind: type, where: str, what: str, field: str = "") -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind):
+        raise _bad(where, f"{field}.{key}" if field else key, value, what)
+    return value
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(
+    data: Mapping[str, Any], key: str, most: int, where: str, field: str, *, required: bool = True
+) -> int:
+    value = data.get(key, None if required else 0)
+    if _int(value) is None or not 0 <= value <= most:
+        raise _bad(where, f"{field}.{key}", value, f"an integer in 0..{most}")
+    return int(value)
+
+
+def _bad(where: str, field: str, value: Any, expected: str) -> ManifestError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return ManifestError(f"{where}: {field} is {shown}, expected {expected}; re-pack the dataset")
+
+
+def open_regular(path: str | os.PathLike[str], *, inside: Path | None = None) -> BinaryIO:
+    """Open ``path`` for reading if it is a regular file (and, with ``inside``, resolves inside it).
+
+    The open itself does not block (``O_NONBLOCK``: a FIFO would wait for a writer), and the file
+    is checked after it is opened, so nothing can swap it in between.
+
+    Raises:
+        UnsafeFileError: a FIFO, device, directory or socket, or a symlink out of ``inside``.
+        OSError: the file cannot be opened (``FileNotFoundError``...).
+
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafeFileError(f"{path} is {_kind(mode)}, not a regular file: refused")
+        if inside is not None:
+            real = Path(_opened_path(fd, path))
+            root = Path(os.path.realpath(inside))
+            if real != root and root not in real.parents:
+                raise UnsafeFileError(f"{path} resolves to {real}, outside the dataset {root}: refused")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb", buffering=1 << 20)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _opened_path(fd: int, path: str | os.PathLike[str]) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")  # what was opened, not what the name says now
+    except OSError:
+        return os.path.realpath(path)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"

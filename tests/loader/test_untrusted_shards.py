@@ -1,0 +1,182 @@
+"""Hostile or damaged shards in training (issue 12, cases 2 and 3): skip and count, or raise; never hang.
+
+Each case rewrites a shard of a private copy of a real packed dataset, then trains a pass through real
+DataLoader workers. A case that used to hang runs in a subprocess with a timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import warnings
+from pathlib import Path
+
+import pytest
+
+from imgshards.converter import ManifestError, read_manifest
+from imgshards.loader import CorruptImageError, ShardDataset, ShardReadError, make_loader
+from imgshards.loader.reader import read_run
+
+
+@pytest.fixture
+def ds(tiny_packed, tmp_path) -> Path:
+    copy = tmp_path / "ds"
+    shutil.copytree(tiny_packed, copy)
+    return copy
+
+
+def rewrite_shard(ds: Path, index: int, edit) -> tuple[str, int]:
+    """Rewrite shard ``index`` member by member through ``edit(name, data) -> (name, data)``.
+
+    The index is updated to the new size and hash (a shard as its packer meant it); returns the
+    shard's name and sample count.
+    """
+    manifest = json.loads((ds / "index.json").read_text())
+    entry = manifest["splits"]["train"]["shards"][index]
+    path = ds / entry["name"]
+    out = io.BytesIO()
+    with tarfile.open(path) as src, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as dst:
+        for member in src:
+            data = src.extractfile(member).read()  # type: ignore[union-attr]
+            name, data = edit(member.name, data)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+    data = out.getvalue()
+    path.write_bytes(data)
+    entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    train = manifest["splits"]["train"]
+    train["bytes"] = sum(s["bytes"] for s in train["shards"])
+    (ds / "index.json").write_text(json.dumps(manifest))
+    return entry["name"], entry["samples"]
+
+
+def one_pass(ds: Path, workers: int, **kwargs) -> tuple[ShardDataset, list, list[str]]:
+    dataset = ShardDataset(ds, mode="eval", batch_size=4, image_size=32, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(make_loader(dataset, num_workers=workers))
+    return dataset, batches, [str(w.message) for w in caught]
+
+
+BAD_LABELS = [b"99999999999999999999999", b"-3", b"4", b"x", b"1" * 5000, b"999"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_labels_outside_the_classes_are_corrupt_samples_skipped_and_counted(ds, workers):
+    bad = iter(BAD_LABELS)
+    keys: list[str] = []
+
+    def edit(name: str, data: bytes) -> tuple[str, bytes]:
+        if name.endswith(".cls") and len(keys) < len(BAD_LABELS):
+            keys.append(name.split(".")[0])
+            return name, next(bad)
+        return name, data
+
+    rewrite_shard(ds, 0, edit)
+    dataset, batches, messages = one_pass(ds, workers)
+    assert len(batches) == len(dataset), "the batch count holds"
+    assert all(0 <= label < 4 for b in batches for label in b.labels.tolist())
+    assert len(keys) >= 5 and dataset.corrupt_skipped == len(keys)
+    if workers == 0:
+        assert any("label 4, outside the index's classes 0..3" in m for m in messages)
+        assert any("a .cls that is not a label: b'-3'" in m for m in messages)
+    with pytest.raises(
+        CorruptImageError, match=f"sample '{keys[0]}' in shard .* has a .cls that is not a label"
+    ):
+        one_pass(ds, workers, on_error="raise")
+
+
+def test_a_member_name_that_is_not_utf8_is_read(ds):
+    def edit(name: str, data: bytes) -> tuple[str, bytes]:
+        return ("caf\udce9-" + name if name.startswith(key) else name), data
+
+    shard = read_manifest(ds).split("train").shards[0]
+    with tarfile.open(ds / shard.name) as tar:
+        key = tar.getnames()[0].split(".")[0]
+    rewrite_shard(ds, 0, edit)  # tarfile writes the surrogate back as the byte 0xe9
+    assert b"caf\xe9-" in (ds / shard.name).read_bytes()
+    samples = list(read_run(ds / shard.name, 0, shard.samples))
+    assert len(samples) == shard.samples and samples[0].key == f"caf\udce9-{key}"
+    dataset, batches, _ = one_pass(ds, 2)
+    assert len(batches) == len(dataset) and dataset.corrupt_skipped == dataset.truncated_shards == 0
+
+
+def test_a_member_declaring_8_gib_is_refused_before_it_is_allocated(ds, tmp_path):
+    shard = read_manifest(ds).split("train").shards[0]
+    data = bytearray((ds / shard.name).read_bytes())
+    with tarfile.open(ds / shard.name) as tar:
+        at = tar.getmembers()[3].offset  # the second sample's image
+    header = data[at : at + 512]
+    header[124:136] = b"%011o\0" % (8 << 30)
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    data[at : at + 512] = header
+    (ds / shard.name).write_bytes(bytes(data))
+    reports: list[str] = []
+    samples = list(read_run(ds / shard.name, 0, shard.samples, on_truncated=reports.append))
+    assert len(samples) == 1
+    assert "declares 8589934592 bytes, more than the shard has left" in reports[0]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_that_became_a_directory_is_skipped_and_counted(ds, workers):
+    dataset = ShardDataset(ds, mode="eval", batch_size=4, image_size=32)
+    raising = ShardDataset(ds, mode="eval", batch_size=4, image_size=32, on_error="raise")
+    name = dataset.split_info.shards[1].name
+    (ds / name).unlink()
+    (ds / name).mkdir()  # after construction: the worker finds it
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        batches = list(make_loader(dataset, num_workers=workers))
+    assert len(batches) == len(dataset) and dataset.unreadable_shards == 1
+    with pytest.raises(ShardReadError, match=f"cannot read shard .*{name}: .* is a directory"):
+        list(make_loader(raising, num_workers=workers))
+
+
+def test_a_directory_or_fifo_shard_fails_at_construction_naming_it(ds):
+    import os
+
+    name = read_manifest(ds).split("train").shards[1].name
+    (ds / name).unlink()
+    os.mkfifo(ds / name)
+    with pytest.raises(
+        ManifestError, match=rf"shard {name} of split 'train': .* is a FIFO, not a regular file"
+    ):
+        ShardDataset(ds)
+    (ds / name).unlink()
+    (ds / name).mkdir()
+    with pytest.raises(ManifestError, match="is a directory, not a regular file"):
+        ShardDataset(ds)
+
+
+_FIFO_IN_TRAINING = """
+import os, sys, warnings
+from imgshards.loader import ShardDataset, ShardReadError, make_loader
+kwargs = dict(mode="eval", batch_size=4, image_size=32)
+skipping, raising = ShardDataset(sys.argv[1], **kwargs), ShardDataset(sys.argv[1], on_error="raise", **kwargs)
+name = skipping.split_info.shards[1].name
+os.unlink(os.path.join(sys.argv[1], name))
+os.mkfifo(os.path.join(sys.argv[1], name))  # nobody ever writes to it
+warnings.simplefilter("ignore")
+batches = list(make_loader(skipping, num_workers=2))
+print("batches", len(batches), len(skipping), "unreadable", skipping.unreadable_shards)
+try:
+    list(make_loader(raising, num_workers=2))
+except ShardReadError as e:
+    print("raised", "cannot read shard" in str(e) and "is a FIFO" in str(e))
+"""
+
+
+def test_a_shard_that_became_a_fifo_never_blocks_a_worker(ds):
+    done = subprocess.run(
+        [sys.executable, "-c", _FIFO_IN_TRAINING, str(ds)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    _, got, expected, _, unreadable, _, named = done.stdout.split()
+    assert got == expected and unreadable == "1" and named == "True"
