@@ -5,9 +5,11 @@ People read datasets they did not pack (a colleague's bucket, a public mirror), 
 depth, JSON) and :func:`check_index` (the schema below), and every local file of a dataset is opened
 with :func:`open_regular`. What holds afterwards:
 
-- A shard or rejects-file name is a plain file name: no separator, no ``..``, no scheme (``pipe:``,
-  ``s3:``), no control character, no leading dot, not URL-escaped; joined onto the dataset root or
-  a cache directory it stays there (:func:`check_name`).
+- A shard name is a plain file name: no separator, no ``..``, no scheme (``pipe:``, ``s3:``), no
+  control character, no leading dot, not URL-escaped; joined onto the dataset root or a cache
+  directory it stays there (:func:`check_name`). The rejects file's name is a relative path of a
+  few such names, where a folder may be hidden (``.imgshards/rejects/train.jsonl``) but none is
+  ``.`` or ``..`` (:func:`check_relative_path`).
 - Counts and sizes are integers (not floats, not booleans) within bounds: a shard holds at most
   ``MAX_SHARD_BYTES`` and at most one sample per ``MIN_SAMPLE_BYTES`` of it; a split's totals and
   per-class counts add up to its shards'.
@@ -41,6 +43,7 @@ __all__ = [
     "MIN_SAMPLE_BYTES",
     "check_index",
     "check_name",
+    "check_relative_path",
     "open_regular",
     "parse_index",
 ]
@@ -73,6 +76,29 @@ def check_name(name: object, field: str, where: str) -> str:
             "a plain file name (no '/', '\\\\', ':', '%', control characters or leading dot, "
             f"at most {MAX_NAME_BYTES} bytes): the dataset may be trying to reach files outside its root",
         )
+    return name
+
+
+def check_relative_path(name: object, field: str, where: str, *, max_parts: int = 4) -> str:
+    """Return ``name`` if it is a relative path of plain names inside the root, else raise ManifestError.
+
+    Each part follows :func:`check_name`, except that a folder may start with a dot (``.imgshards``)
+    as long as it is not ``.`` or ``..``.
+    """
+    if not isinstance(name, str) or not name:
+        raise _bad(where, field, name, "a non-empty string")
+    parts = name.split("/")
+    if len(parts) > max_parts or any(p in ("", ".", "..") for p in parts):
+        raise _bad(
+            where,
+            field,
+            name,
+            f"a relative path of at most {max_parts} plain names ('..', '.' and absolute paths are "
+            "not allowed): the dataset may be trying to reach files outside its root",
+        )
+    for i, part in enumerate(parts):
+        hidden_folder = i < len(parts) - 1 and part.startswith(".")
+        check_name(part[1:] if hidden_folder else part, field, where)
     return name
 
 
@@ -157,6 +183,8 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
     if sum(counts) != samples:
         raise _bad(where, f"{field}.class_counts", f"sum {sum(counts)}", f"the split's {samples} samples")
     _check_rejects(body.get("rejects"), f"{field}.rejects", where)
+    for key in ("formats", "converted"):  # image extensions, conversion reasons -> samples
+        _check_counts(body.get(key), f"{field}.{key}", where)
     if not isinstance(body.get("pack", {}) or {}, dict):
         raise _bad(where, f"{field}.pack", body.get("pack"), "an object")
 
@@ -167,11 +195,17 @@ def _check_rejects(rejects: Any, field: str, where: str) -> None:
     if not isinstance(rejects, dict):
         raise _bad(where, field, rejects, "an object")
     _count(rejects, "total", 1 << 48, where, field, required=False)
-    by_reason = rejects.get("by_reason") or {}
-    if not isinstance(by_reason, dict) or any(_int(v) is None or v < 0 for v in by_reason.values()):
-        raise _bad(where, f"{field}.by_reason", by_reason, "an object of non-negative counts")
+    _check_counts(rejects.get("by_reason"), f"{field}.by_reason", where)
     if rejects.get("file") is not None:
-        check_name(rejects["file"], f"{field}.file", where)
+        check_relative_path(rejects["file"], f"{field}.file", where)
+
+
+def _check_counts(counts: Any, field: str, where: str) -> None:
+    """An optional object of names to non-negative integer counts."""
+    if counts is None:
+        return
+    if not isinstance(counts, dict) or any(_int(v) is None or v < 0 for v in counts.values()):
+        raise _bad(where, field, counts, "an object of non-negative counts")
 
 
 def _typed(data: Mapping[str, Any], key: str, kind: type, where: str, what: str, field: str = "") -> Any:

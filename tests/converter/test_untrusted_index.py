@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from imgshards.cli.main import cli
 from imgshards.converter import ManifestError, read_manifest, verify
-from imgshards.converter.validate import MAX_DEPTH
+from imgshards.converter.validate import MAX_DEPTH, check_relative_path
 
 HANG = 30  # seconds: what each of these took before was "forever"
 
@@ -78,7 +78,7 @@ def test_a_shard_name_that_is_not_a_plain_name_is_refused_everywhere(ds, name):
         ShardDataset(ds)
     for command in ("info", "verify"):
         code, line = cli_line(command, str(ds))
-        assert code == 1 and line.startswith("Error: ") and "shards[0].name" in line and "\x1b" not in line
+        assert code == 2 and line.startswith("Error: ") and "shards[0].name" in line and "\x1b" not in line
 
 
 # ---- case 4: counts, sizes and classes --------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_a_malformed_index_is_one_line_in_info_verify_and_the_loader(ds, content
         ShardDataset(ds)
     for command in ("info", "verify"):
         code, line = cli_line(command, str(ds))
-        assert code == 1 and message in line
+        assert code == 2 and message in line
 
 
 # ---- case 2: what used to hang ------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_an_index_that_is_a_fifo_is_refused_without_blocking(ds):
     os.mkfifo(ds / "index.json")
     for command in ("info", "verify"):
         done = cli_subprocess(command, str(ds))
-        assert done.returncode == 1 and "is a FIFO, not a regular file" in done.stderr, done.stderr
+        assert done.returncode == 2 and "is a FIFO, not a regular file" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
@@ -213,3 +213,16 @@ def test_info_escapes_class_names_and_reasons_from_the_index(ds):
     assert "\x1b" not in result.output and "\r" not in result.output and "\x07" not in result.output
     assert "(\\x1b]0;owned\\x07\\x1b[2J" in result.output and "\\r\\udcff)" in result.output
     assert "\\x1b[31mred 1" in result.output
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../r.jsonl", "/etc/passwd", ".imgshards/../../x", "a/./b.jsonl", "a//b", ".hidden.jsonl", "pipe:x"],
+)
+def test_a_rejects_file_outside_the_root_is_refused(name):
+    with pytest.raises(ManifestError, match=r"splits\.train\.rejects\.file"):
+        check_relative_path(name, "splits.train.rejects.file", "index.json")
+
+
+def test_the_packs_own_rejects_path_is_accepted():
+    assert check_relative_path(".imgshards/rejects/train.jsonl", "f", "index.json")
