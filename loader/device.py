@@ -163,11 +163,17 @@ class DeviceDecoder:
             pending.append((batch, done, _nbytes(batch)))
             return True
 
+        handed: torch.cuda.Event | None = None
         try:
             while pending or launch():
                 batch, done, nbytes = pending.popleft()
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_event(done)  # the training stream waits on the device, not the host
+                if handed is not None:
+                    # The host waits only for the decode of the batch handed out before: the side
+                    # stream never has more than `ahead + 1` batches queued, so memory stays bounded.
+                    handed.synchronize()
+                handed = done
                 # Made on the side stream, used on the training stream: the allocator must know.
                 batch.images.record_stream(consumer)
                 batch.labels.record_stream(consumer)
