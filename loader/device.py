@@ -216,9 +216,9 @@ class DeviceDecoder:
                     live += out.nbytes
                 peak = max(peak, live + chunk_bytes)
                 marks.mark(AUGMENT)
-        batch = self._normalize(images, raw.labels[kept] if kept else raw.labels[:0])
-        peak = max(peak, live * 2 + batch.images.nbytes)  # the stacked copy, then the output
-        marks.mark(NORMALIZE)
+            batch = self._normalize(images, raw.labels[kept] if kept else raw.labels[:0])
+            peak = max(peak, live * 2 + batch.images.nbytes)  # the stacked copy, then the output
+            marks.mark(NORMALIZE)
         self._timings.append(marks)
         self.stats.batches += 1
         self.stats.images += len(kept)
@@ -315,7 +315,7 @@ def _one_thread(cpu: bool) -> Iterator[None]:
     """On the CPU, run torch on one thread, as in a DataLoader worker.
 
     Float reductions (a resize, the colour matrix's mean) round differently with another number of
-    threads, and per-image ops this small gain nothing from more threads on a busy machine.
+    threads, and ops this small gain little from more threads; on a busy machine they lose much.
     """
     threads = torch.get_num_threads()
     if cpu:
