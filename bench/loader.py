@@ -17,7 +17,11 @@ measures, with ``--workers`` DataLoader workers and batches of ``--batch-size``:
 - (c) the CPU limit as the issue defines it: one process decoding and augmenting the same images
   from memory in a loop (imgshards' decode and preset, one thread), times the worker count;
 - (c2) the same loop run by ``--workers`` processes at once, which is what that many workers can
-  get from a machine other jobs also use.
+  get from a machine other jobs also use;
+- (d) with ``--decode-on cuda`` (or ``cpu``): ``ShardDataset(decode_on=...)``, the workers only
+  read and batch raw bytes, the training process decodes (nvjpeg) and augments; its batches end
+  as normalized floats on the device (imgshards' as uint8 in shared memory: ``to_device`` on a GPU
+  costs little). Timing ends with a CUDA synchronize, so queued GPU work is counted.
 
 Each figure is images/s from the first batch on (worker start-up excluded). The pipelines run in
 turn, ``--rounds`` times over, ``--images`` images each time, and each keeps its best round: on a
@@ -58,6 +62,7 @@ LABELS = {
     "b": "(b) webdataset decode('pil') + batched",
     "c": "(c) CPU limit: 1 process x {workers}",
     "c2": "(c2) CPU limit: {workers} processes at once",
+    "d": "(d) imgshards decode_on={decode_on}, {workers} workers reading",
 }
 
 
@@ -101,6 +106,8 @@ def timed(make_batches: Callable[[], Iterable], limit: int) -> tuple[float, floa
         seen += len(images)
         if seen + first >= limit:
             break
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # (d) on a GPU: its last batches are decoded, not only queued
     rate = seen / (time.perf_counter() - start)
     del it  # stops and joins the workers, so their CPU time is counted
     gc.collect()
@@ -110,6 +117,14 @@ def timed(make_batches: Callable[[], Iterable], limit: int) -> tuple[float, floa
 def run_imgshards(name: str, args: argparse.Namespace) -> tuple[float, float]:
     def batches() -> Iterable:
         ds = ShardDataset(args.packed, batch_size=args.batch_size, transform=name)
+        return make_loader(ds, num_workers=args.workers, persistent_workers=False)
+
+    return timed(batches, args.images)
+
+
+def run_decode_on(name: str, args: argparse.Namespace) -> tuple[float, float]:
+    def batches() -> Iterable:
+        ds = ShardDataset(args.packed, batch_size=args.batch_size, transform=name, decode_on=args.decode_on)
         return make_loader(ds, num_workers=args.workers, persistent_workers=False)
 
     return timed(batches, args.images)
@@ -235,7 +250,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="measurements of each pipeline; the best counts")
     p.add_argument("--shard-size", type=int, default=64 * 10**6, help="bytes per shard when packing")
     p.add_argument("--presets", nargs="+", default=["train", "resnet"], choices=["train", "resnet"])
+    p.add_argument("--decode-on", choices=["cpu", "cuda"], default=None, help="also run (d) decode_on=...")
     args = p.parse_args()
+    if args.decode_on is not None:
+        RUNS["d"] = run_decode_on
 
     if not (args.packed / "index.json").exists():
         print(f"packing {args.tree} -> {args.packed} ...", file=sys.stderr)
@@ -278,7 +296,7 @@ def main() -> None:
                     f">= {TARGETS[key]:.2f}: images/s {verdict[ours / rate >= TARGETS[key]]}, "
                     f"CPU {verdict[cpu / our_cpu >= TARGETS[key]]}"
                 )
-            label = LABELS[key].format(workers=args.workers)
+            label = LABELS[key].format(workers=args.workers, decode_on=args.decode_on)
             ratios = f"{ours / rate:.2f}", f"{cpu:.2f}", f"{cpu / our_cpu:.2f}"
             cells = [name, label, f"{rate:.0f}", *ratios, target]
             print("| " + " | ".join(cells) + " |")

@@ -14,6 +14,7 @@ from .exits import CantRun
 from .options import format_bytes
 
 if TYPE_CHECKING:
+    from imgshards.loader.profiling.devicerun import DeviceRun
     from imgshards.loader.profiling.report import BenchPoint, BenchReport, RunResult
 
 __all__ = ["PRESETS", "bench"]
@@ -22,6 +23,7 @@ __all__ = ["PRESETS", "bench"]
 # the command runs, because importing it (torch) takes seconds and every command pays for the
 # imports of all.
 PRESETS = ("train", "resnet", "eval")
+DECODE_ON = ("workers", "cpu", "cuda")  # imgshards.loader.profiling.devicerun.DECODE_ON
 DEFAULT_SECONDS = 20.0
 
 
@@ -102,6 +104,13 @@ def _cpus() -> int:
     default=None,
     help="Also measure torchvision ImageFolder + DataLoader on the original tree SRC.",
 )
+@click.option(
+    "--decode-on",
+    type=click.Choice(DECODE_ON),
+    default="workers",
+    show_default=True,
+    help="Decode and augment in the DataLoader workers, or in the training process (cpu, cuda: nvjpeg).",
+)
 @click.option("--cold", is_flag=True, help="Drop the shards (and SRC) from the page cache before each run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option(
@@ -180,6 +189,11 @@ def print_report(report: BenchReport) -> None:
             f"compared with torchvision ImageFolder + DataLoader on {report.imagefolder_src} "
             f"({report.imagefolder_samples or 0:,} images): same decoder, preset, batch size and workers"
         )
+    if config.decode_on != "workers":
+        click.echo(
+            f"decoded in the training process on {config.decode_on} (decode_on): the workers only read, "
+            "shuffle and batch raw bytes"
+        )
     if config.step_seconds:
         click.echo(
             f"simulated model: {config.step_seconds * 1000:.1f} ms per batch "
@@ -216,6 +230,8 @@ def _print_point(point: BenchPoint) -> None:
     rows.append(["main process CPU", *(_main_cpu(r) for r in runs)])
     rows.append(["peak RSS main / per worker", *(_rss(r) for r in runs)])
     rows.append(["PSS of all processes (end)", *(_bytes(r.pss_total) for r in runs)])
+    if point.imgshards.device is not None:
+        rows += _device_rows(point.imgshards.device)
     if any(r.evicted_bytes is not None for r in runs):
         rows.append(["dropped from page cache", *(_bytes(r.evicted_bytes) for r in runs)])
     _print_table(rows)
@@ -232,6 +248,26 @@ def _print_point(point: BenchPoint) -> None:
         click.echo(f"verdict: {point.verdict}")
     if point.imagefolder_verdict is not None:
         click.echo(f"verdict (ImageFolder): {point.imagefolder_verdict}")
+
+
+def _device_rows(d: DeviceRun) -> list[list[str]]:
+    """The training process's decoder: time per batch on the device, fallbacks, memory."""
+    rows = [[f"decoded on {d.device}: decode", f"{d.ms_per_batch('decode'):.1f} ms/batch"]]
+    rows += [
+        [" " * len(f"decoded on {d.device}: ") + s, f"{d.ms_per_batch(s):.1f} ms/batch"]
+        for s in ("augment", "normalize")
+    ]
+    rows.append(
+        [
+            "decode calls / CPU fallbacks",
+            f"{d.decode_calls / max(d.batches, 1):.1f} per batch / {d.cpu_fallback}",
+        ]
+    )
+    memory = f"{_bytes(d.peak_bytes)} (bound {_bytes(d.bound_bytes)})"
+    rows.append(["loader memory on the device", memory])
+    if d.cuda_max_allocated is not None:
+        rows.append(["GPU memory allocated (peak)", _bytes(d.cuda_max_allocated)])
+    return rows
 
 
 def _print_scaling(report: BenchReport) -> None:

@@ -6,6 +6,9 @@ dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256)
 loader = make_loader(dataset, num_workers=8)
 for images, labels in loader:
     images, labels = to_device((images, labels), "cuda")
+
+# Or decode and augment on the GPU (nvjpeg); the workers only read and shuffle:
+dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, decode_on="cuda")
 """
 
 from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
@@ -13,6 +16,7 @@ from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
 from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
+from .offload import DecodeOn
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
 from .remote import RetryPolicy, ShardSource
 
@@ -23,6 +27,7 @@ __all__ = [
     "Batch",
     "ConfigError",
     "CorruptImageError",
+    "DecodeOn",
     "Mode",
     "OnError",
     "PresetName",

@@ -11,8 +11,8 @@ goes on: the rest of the epoch is the same batches, in the same order, with the 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from .batch import Batch, pool_token
 from .dataset import ShardDataset
+from .device import DeviceDecoder
 from .errors import ConfigError, ResumeError
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -84,9 +85,11 @@ class ShardLoader:
     In train mode the state is the same on every rank, so rank 0's is enough.
     """
 
-    def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Batch]) -> None:
+    def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Any]) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
+        # With dataset.decode_on the workers send raw batches, decoded here (device.py).
+        self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
         self._epoch = dataset.epoch
         self._start = 0  # batches to skip at the next pass (set by load_state_dict)
         self._delivered = 0
@@ -122,7 +125,10 @@ class ShardLoader:
         corrupt_before = self.dataset.corrupt_skipped
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
-        for batch in self.dataloader:
+        batches = cast(Iterable[Batch], self.dataloader)
+        if self.decoder is not None:
+            batches = self.decoder.stream(self.dataloader)
+        for batch in batches:
             self._give_back()
             token = pool_token(batch.images)
             if token is not None:

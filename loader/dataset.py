@@ -26,6 +26,7 @@ from . import partition
 from .batch import Batch, BufferPool, collate
 from .control import CORRUPT, TRUNCATED, UNREADABLE, SharedControl
 from .errors import ConfigError, CorruptImageError, ShardReadError
+from .offload import DecodeOn, RawBatch, raw_batch
 from .pipeline import augment_seed, batched, decode_batch, read_runs, sample_stream, seeded
 from .presets import PRESETS, Transform, preset
 from .profiling.stagetimes import COLLATE, NO_CLOCK, READ, StageTimes
@@ -41,7 +42,7 @@ MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
 
 
-class ShardDataset(IterableDataset[Batch]):
+class ShardDataset(IterableDataset[Batch | RawBatch]):
     """Batches of one split of a packed dataset, split exactly across ranks and DataLoader workers.
 
     Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` with
@@ -103,6 +104,9 @@ class ShardDataset(IterableDataset[Batch]):
         cache_dir: Local directory caching remote shards, shared by workers and ranks of a machine.
         cache_limit: Most bytes the cache directory holds (required with ``cache_dir``).
         prefetch: Shards each worker downloads into the cache ahead of its reading.
+        decode_on: ``"cuda"`` (nvjpeg and the presets on the GPU), ``"cpu"`` or a :class:`DecodeOn`:
+            the workers only read and batch raw bytes, the training process decodes and augments
+            (same order and augmentation) and yields normalized images there (:mod:`.device`).
 
     Raises:
         ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
@@ -131,6 +135,7 @@ class ShardDataset(IterableDataset[Batch]):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         prefetch: int = 2,
+        decode_on: DecodeOn | str | torch.device | None = None,
     ) -> None:
         super().__init__()
         _check_choice("mode", mode, MODES)
@@ -185,6 +190,7 @@ class ShardDataset(IterableDataset[Batch]):
         self.rank = rank
         self.world_size = world_size
         self.on_error: OnError = on_error
+        self.decode_on = DecodeOn.of(decode_on)
         self._shard_samples = tuple(s.samples for s in self.split_info.shards)
         # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
         # object made once, at their start): the epoch and the resume point are read from here at
@@ -266,7 +272,7 @@ class ShardDataset(IterableDataset[Batch]):
 
     # ---- a pass: plan -> raw stream -> batches ------------------------------------------------
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch | RawBatch]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # Read the shared state now: a DataLoader creates this iterator when a pass starts.
@@ -298,7 +304,7 @@ class ShardDataset(IterableDataset[Batch]):
 
     def _batches(
         self, epoch: int, resume: int, worker: int, num_workers: int, *, pool: BufferPool | None
-    ) -> Iterator[Batch]:
+    ) -> Iterator[Batch | RawBatch]:
         plan = self._plan(epoch, worker, num_workers)
         clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
         raw = clock.timed_iter(READ, self._raw_stream(plan, epoch, worker))
@@ -315,6 +321,13 @@ class ShardDataset(IterableDataset[Batch]):
             first=partition.delivered_by_worker(resume, num_workers)[worker],
             on_empty=self._warn_nothing_left,
         ):
+            if self.decode_on is not None:  # the training process decodes (device.py)
+                packed = clock.timed(COLLATE, raw_batch)(
+                    samples, epoch=epoch, worker=worker, index=k, shared=pool is not None
+                )
+                clock.batch_done(len(samples))
+                yield packed
+                continue
             with seeded(augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
                 images, labels = decode_batch(
                     samples,

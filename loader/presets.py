@@ -88,7 +88,17 @@ def _resize_region(
     region = img[None, :, top : top + height, left : left + width]
     # The uint8 bilinear kernel is fastest on channels-last; this copy of the region pays for itself.
     region = region.contiguous(memory_format=torch.channels_last)
-    return interpolate(region, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+    on_cpu = region.device.type == "cpu"
+    # CUDA has no uint8 antialiased kernel: there the resize runs in float and rounds back, as
+    # torchvision's does.
+    out = interpolate(
+        region if on_cpu else region.float(),
+        size=(size, size),
+        mode="bilinear",
+        antialias=True,
+        align_corners=False,
+    )
+    return out[0] if on_cpu else out.round_().clamp_(0, 255).to(torch.uint8)[0]
 
 
 def _flip(img: torch.Tensor, draw: float) -> torch.Tensor:
@@ -173,27 +183,76 @@ class ScaleCropFlipColor:
     def _color(self, img: torch.Tensor, draws: list[float]) -> torch.Tensor:
         factors = [1 + self.jitter * (2 * d - 1) for d in draws[:3]]  # brightness, contrast, saturation
         order = sorted(range(3), key=lambda i: draws[3 + i])  # a random permutation of the three steps
-        # y = A x + t, built step by step (3x3 numpy math: torch's per-op overhead would cost more
-        # than the pixels): brightness scales; contrast blends with the mean gray level; saturation
-        # blends each pixel with its gray level.
-        mean = img[:, ::2, ::2].float().mean(dim=(1, 2)).numpy().astype(np.float64)
-        a, t = np.eye(3), np.zeros(3)
-        for step in order:
-            f = factors[step]
-            if step == 0:
-                a, t = f * a, f * t
-            elif step == 1:
-                gray_mean = float(_GRAY @ (a @ mean + t))
-                a, t = f * a, f * t + (1 - f) * gray_mean
-            else:
-                s = f * np.eye(3) + (1 - f) * np.outer(np.ones(3), _GRAY)
-                a, t = s @ a, s @ t
-        if self.lighting:
-            alpha = torch.randn(3).numpy() * self.lighting
-            t = t + 255 * (_PCA_EIGVEC @ (alpha * _PCA_EIGVAL))
-        weight = torch.from_numpy(a.astype(np.float32)[:, :, None, None])
-        out = conv2d(img[None].float(), weight, torch.from_numpy(t.astype(np.float32)))
+        # y = A x + t, built step by step (3x3 numpy math on the CPU: torch's per-op overhead would
+        # cost more than the pixels): brightness scales; contrast blends with the mean gray level;
+        # saturation blends each pixel with its gray level.
+        mean = img[:, ::2, ::2].float().mean(dim=(1, 2))
+        lighting = torch.randn(3).numpy() * self.lighting if self.lighting else None
+        if img.device.type != "cpu":
+            # On a GPU the mean stays there: the matrix is built on the device, no copy, no sync.
+            weight, bias = _color_matrix_on_device(mean, factors, order, lighting)
+        else:
+            weight, bias = _color_matrix(mean.numpy().astype(np.float64), factors, order, lighting)
+        out = conv2d(img[None].float(), weight, bias)
         return out.clamp_(0, 255).to(torch.uint8)[0]
+
+
+def _color_matrix(
+    mean: np.ndarray, factors: list[float], order: list[int], lighting: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The jitter steps in ``order`` (and lighting) as one conv weight ``[3, 3, 1, 1]`` and bias."""
+    a, t = np.eye(3), np.zeros(3)
+    for step in order:
+        f = factors[step]
+        if step == 0:
+            a, t = f * a, f * t
+        elif step == 1:
+            gray_mean = float(_GRAY @ (a @ mean + t))
+            a, t = f * a, f * t + (1 - f) * gray_mean
+        else:
+            s = f * np.eye(3) + (1 - f) * np.outer(np.ones(3), _GRAY)
+            a, t = s @ a, s @ t
+    if lighting is not None:
+        t = t + 255 * (_PCA_EIGVEC @ (lighting * _PCA_EIGVAL))
+    return torch.from_numpy(a.astype(np.float32)[:, :, None, None]), torch.from_numpy(t.astype(np.float32))
+
+
+def _color_matrix_on_device(
+    mean: torch.Tensor, factors: list[float], order: list[int], lighting: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_color_matrix` with the image mean on its device: same steps, device tensors throughout.
+
+    Every per-image number enters as a Python scalar (a kernel argument), never as a tensor copied
+    from the host, which would wait for the device.
+    """
+    gray, eye, gray_rows, pca = _device_constants(mean.device)
+    a, t = eye.clone(), torch.zeros(3, dtype=torch.float64, device=mean.device)
+    mean = mean.double()
+    for step in order:
+        f = factors[step]
+        if step == 0:
+            a, t = f * a, f * t
+        elif step == 1:
+            gray_mean = gray @ (a @ mean + t)
+            a, t = f * a, f * t + (1 - f) * gray_mean
+        else:
+            s = f * eye + (1 - f) * gray_rows
+            a, t = s @ a, s @ t
+    if lighting is not None:
+        coef = (255 * lighting * _PCA_EIGVAL).tolist()
+        t = t + pca[:, 0] * coef[0] + pca[:, 1] * coef[1] + pca[:, 2] * coef[2]
+    return a.float()[:, :, None, None], t.float()
+
+
+_CONSTANTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+def _device_constants(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The gray weights, the identity, the gray-projection rows and the PCA vectors, on ``device``."""
+    if device not in _CONSTANTS:
+        host = (_GRAY, np.eye(3), np.outer(np.ones(3), _GRAY), _PCA_EIGVEC)
+        _CONSTANTS[device] = tuple(torch.from_numpy(c).to(device) for c in host)
+    return _CONSTANTS[device]
 
 
 class ResizeCenterCrop:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..errors import ConfigError
 from ..presets import PRESETS
+from .devicerun import DECODE_ON
 
 __all__ = ["BenchConfig"]
 
@@ -28,6 +31,8 @@ class BenchConfig:
         cold: Drop the files read from the page cache before each run.
         seed: Seed of the shuffles and augmentation.
         progress: Show a progress bar (images/s) on stderr.
+        decode_on: ``"workers"`` (decode and augment in the DataLoader workers), or ``"cpu"`` /
+            ``"cuda"``: the workers only read, the training process decodes (``ShardDataset(decode_on=)``).
 
     Raises:
         ConfigError: a value out of range or not among the allowed ones.
@@ -46,10 +51,15 @@ class BenchConfig:
     cold: bool = False
     seed: int = 0
     progress: bool = False
+    decode_on: str = "workers"
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ConfigError(f"unknown preset {self.preset!r}; expected one of {list(PRESETS)}")
+        if self.decode_on not in DECODE_ON:
+            raise ConfigError(f"unknown decode_on {self.decode_on!r}; expected one of {list(DECODE_ON)}")
+        if self.decode_on == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("decode_on 'cuda' needs a CUDA device, and torch sees none; try 'cpu'")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {self.batch_size}")
         if not self.workers or any(w < 0 for w in self.workers):

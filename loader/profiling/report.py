@@ -12,6 +12,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .devicerun import DeviceRun
+
 if TYPE_CHECKING:
     from .config import BenchConfig
 
@@ -64,6 +66,7 @@ class RunResult:
     pss_total: int | None
     evicted_bytes: int | None = None
     segments: int = 1
+    device: DeviceRun | None = None  # with decode_on: what the training process's decoder did
 
     @classmethod
     def combine(cls, parts: Sequence[RunResult]) -> RunResult:
@@ -106,6 +109,7 @@ class RunResult:
             pss_total=_largest(p.pss_total for p in parts),
             evicted_bytes=first.evicted_bytes,
             segments=sum(p.segments for p in parts),
+            device=DeviceRun.combine([p.device for p in parts if p.device]) if first.device else None,
         )
 
     @property

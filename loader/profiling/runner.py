@@ -68,6 +68,7 @@ from ..errors import ConfigError
 from ..presets import Transform, preset
 from . import procstats, stagetimes
 from .config import BenchConfig
+from .devicerun import DeviceRun
 from .report import BenchPoint, BenchReport, Pipeline, RunResult, Verdict
 from .stagetimes import AUGMENT, COLLATE, DECODE, READ, STAGES, StageClock, StageTimes
 
@@ -179,15 +180,30 @@ def _evict(config: BenchConfig, files: Sequence[str]) -> int | None:
 
 def _run_shards(root: Path, config: BenchConfig, workers: int, evicted: int | None) -> RunResult:
     times = StageTimes(workers)
+    decode_on = None if config.decode_on == "workers" else config.decode_on
+    decoders = []  # the loader's decoder (not the loader: its workers must stop when the run ends)
 
     def start() -> Iterable[Any]:
         dataset = ShardDataset(
-            root, split=config.split, batch_size=config.batch_size, transform=config.preset, seed=config.seed
+            root,
+            split=config.split,
+            batch_size=config.batch_size,
+            transform=config.preset,
+            seed=config.seed,
+            decode_on=decode_on,
         )
         dataset.stage_times = times  # before the workers start: they take their copy of the dataset then
-        return make_loader(dataset, num_workers=workers, prefetch_factor=config.prefetch_factor)
+        if decode_on == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        loader = make_loader(dataset, num_workers=workers, prefetch_factor=config.prefetch_factor)
+        decoders.append(loader.decoder)
+        return loader
 
-    return _measure("imgshards", start, times, config, workers, evicted)
+    result = _measure("imgshards", start, times, config, workers, evicted)
+    decoder = decoders[-1]
+    if decoder is None:
+        return result
+    return replace(result, device=DeviceRun.of(decoder.settle(), decoder.device))
 
 
 def _run_imagefolder(

@@ -6,7 +6,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from imgshards.cli.bench import PRESETS
+from imgshards.cli.bench import DECODE_ON, PRESETS
 from imgshards.cli.main import cli
 
 pytestmark = pytest.mark.filterwarnings(
@@ -130,8 +130,30 @@ def test_compare_imagefolder_cold(run, tiny_tree, tiny_packed):
 
 def test_cli_presets_are_the_loaders():
     from imgshards.loader import PRESETS as LOADER_PRESETS
+    from imgshards.loader.profiling.devicerun import DECODE_ON as LOADER_DECODE_ON
 
     assert PRESETS == LOADER_PRESETS
+    assert DECODE_ON == LOADER_DECODE_ON
+
+
+def test_decode_on_cpu_adds_the_decoders_figures_and_keeps_the_verdict(run, tiny_packed):
+    result = run(
+        tiny_packed, "--workers", "1", "--batches", "4", "--decode-on", "cpu", "--model-ms", "5", *SHORT
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "decoded in the training process on cpu" in out
+    for label in ["images/s", "time in workers: read", "decoded on cpu: decode", "augment", "normalize"]:
+        assert label in out, label
+    assert "decode calls / CPU fallbacks" in out and "loader memory on the device" in out
+    assert "verdict: " in out and "GPU memory" not in out
+    data = as_json(
+        run(tiny_packed, "--workers", "1", "--batches", "2", "--decode-on", "cpu", "--json", *SHORT)
+    )
+    device = data["points"][0]["imgshards"]["device"]
+    assert device["device"] == "cpu" and device["batches"] >= 3 and device["seconds"]["decode"] > 0
+    assert 0 < device["peak_bytes"] <= device["bound_bytes"] and device["cuda_max_allocated"] is None
+    assert data["points"][0]["imgshards"]["stage_seconds"]["decode"] == 0  # the workers only read
 
 
 @pytest.mark.parametrize(
@@ -144,6 +166,7 @@ def test_cli_presets_are_the_loaders():
         (["--sweep-workers", "1,1"], 2, "distinct"),
         (["--sweep-workers", "1", "--plot", "{tmp}/no/p.png"], 2, "no directory"),
         (["--preset", "fast"], 2, "'fast' is not one of 'train', 'resnet', 'eval'"),
+        (["--decode-on", "gpu"], 2, "'gpu' is not one of 'workers', 'cpu', 'cuda'"),
         (["--seconds", "0"], 2, "--seconds"),
         (["--batch-size", "0"], 2, "--batch-size"),
         (["--model-ms", "-1"], 2, "--model-ms"),
@@ -157,6 +180,13 @@ def test_bad_options_fail_up_front(run, tiny_packed, tmp_path, args, code, messa
     assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output and "images/s" not in result.output
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message without a GPU")
+def test_decode_on_cuda_without_a_gpu_says_so(run, tiny_packed):
+    result = run(tiny_packed, "--batches", "1", "--decode-on", "cuda")
+    assert result.exit_code == 2 and "needs a CUDA device, and torch sees none; try 'cpu'" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_not_a_packed_dataset(run, tmp_path):
