@@ -38,7 +38,7 @@ from .failures import explained
 from .formats import main_format
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, estimated_sample_bytes, make_plan
-from .pool import default_workers, shared_counter, start_pool, worker_state
+from .pool import default_workers, progress, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
 from .scan import Reject, ScanResult, scan_tree
@@ -555,8 +555,7 @@ def _run(
     Only a few tasks per worker are queued at a time (each holds its paths). The progress bar shows
     the files the workers count in ``counter``.
     """
-    with counter.get_lock():
-        counter.value = 0
+    counter.get_obj().value = 0  # no worker is running a task yet
     in_flight: dict[Future[R], T] = {}
     with tqdm(total=bar.total, desc=bar.desc, unit=" img", disable=not bar.enabled, smoothing=0.1) as shown:
         while True:
@@ -567,7 +566,7 @@ def _run(
             if not in_flight:
                 break
             done, _ = wait(in_flight, timeout=0.25, return_when=FIRST_COMPLETED)
-            shown.n = counter.value
+            shown.n = progress(counter)
             shown.refresh()
             for future in done:
                 yield in_flight.pop(future), future.result()

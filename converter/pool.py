@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["default_workers", "shared_counter", "start_pool", "worker_state"]
+__all__ = ["add_progress", "default_workers", "progress", "shared_counter", "start_pool", "worker_state"]
 
 _state: dict[str, Any] = {}
 
@@ -48,6 +48,27 @@ def _context() -> Any:
 def shared_counter() -> Any:
     """An integer counter the workers can add to (hand it to them through ``start_pool``'s state)."""
     return _context().Value("q", 0)
+
+
+# A worker killed while it holds the counter's lock (the OOM killer, a user's kill -9) must not hang
+# the others or the parent: the count only feeds a progress bar, so a worker that cannot get the lock
+# soon leaves its count out, and the parent reads the value without the lock (one aligned int64).
+_LOCK_WAIT = 1.0
+
+
+def add_progress(counter: Any, n: int) -> None:
+    """Add ``n`` to a :func:`shared_counter` unless its lock stays taken (a dead holder)."""
+    lock = counter.get_lock()
+    if lock.acquire(timeout=_LOCK_WAIT):
+        try:
+            counter.get_obj().value += n
+        finally:
+            lock.release()
+
+
+def progress(counter: Any) -> int:
+    """The value of a :func:`shared_counter`, read without its lock."""
+    return int(counter.get_obj().value)
 
 
 def start_pool(workers: int, state: dict[str, Any] | None = None) -> ProcessPoolExecutor:

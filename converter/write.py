@@ -40,6 +40,7 @@ from PIL import Image
 
 from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
+from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .scan import PathTable, Reject
 from .tarwriter import TarWriter
@@ -249,12 +250,10 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
             flush()
             buffered = 0
         if counter is not None and i % 256 == 255:
-            with counter.get_lock():
-                counter.value += 256
+            add_progress(counter, 256)
     flush()
     if counter is not None:
-        with counter.get_lock():
-            counter.value += len(full_paths) % 256
+        add_progress(counter, len(full_paths) % 256)
     return written
 
 
@@ -349,8 +348,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
                 samples += 1
             done += 1
             if counter is not None and done % 256 == 0:
-                with counter.get_lock():
-                    counter.value += 256
+                add_progress(counter, 256)
         sha256 = tar.close()
         f.flush()
         os.fsync(f.fileno())
@@ -359,8 +357,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     for bucket in task.buckets:
         os.unlink(bucket)
     if counter is not None:
-        with counter.get_lock():
-            counter.value += done % 256
+        add_progress(counter, done % 256)
     content = combined_digest(digests)  # what a resumed run checks the tree against (see .resume)
     return ShardRecord(
         task.name, samples, tar.size, sha256, class_counts, tuple(rejects), formats, converted, content

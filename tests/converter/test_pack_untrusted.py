@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,27 @@ def test_a_killed_worker_is_one_line_and_a_rerun_resumes(tiny_tree, tmp_path):
     pack(tiny_tree, fresh, PackConfig(shard_size=1, workers=2))
     assert outputs(out) == outputs(fresh)
     shutil.rmtree(fresh)
+
+
+def test_a_worker_killed_holding_the_progress_lock_blocks_nobody():
+    from imgshards.converter.pool import add_progress, progress, shared_counter
+
+    counter = shared_counter()
+    ctx = multiprocessing.get_context("fork")
+    holder = ctx.Process(target=_hold_forever, args=(counter,))
+    holder.start()
+    deadline = time.monotonic() + 10
+    while progress(counter) != 1 and time.monotonic() < deadline:  # the child holds the lock now
+        time.sleep(0.01)
+    holder.kill()  # as the OOM killer would, lock held
+    holder.join()
+    started = time.monotonic()
+    add_progress(counter, 5)  # gives up on the dead holder's lock instead of waiting forever
+    assert time.monotonic() - started < 5
+    assert progress(counter) == 1
+
+
+def _hold_forever(counter) -> None:
+    counter.get_lock().acquire()
+    counter.get_obj().value = 1
+    time.sleep(600)

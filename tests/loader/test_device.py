@@ -107,7 +107,7 @@ def packed_odd(tree_factory, packed_factory):
     files[7].write_bytes(_jpeg(rgb, progressive=True))
     rgb.save(files[8].with_suffix(".png"))
     files[8].unlink()
-    return packed_factory(src, shard_size=20_000, check="none")
+    return packed_factory(src, shard_size=20_000, check="none", keep_formats=True)  # the PNG stays PNG
 
 
 @pytest.mark.parametrize("transform", ["eval", "resnet"])
