@@ -66,8 +66,9 @@ def read_run(
     """
     path = Path(path)
     expected, got, problem = stop - start, 0, ""
+    readable = [0]  # complete samples the shard was seen to hold, counted by _samples
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
-        samples = _samples(cast(BufferedReader, f), start, stop, path.name)
+        samples = _samples(cast(BufferedReader, f), start, stop, path.name, readable)
         try:
             for sample in samples:
                 yield sample
@@ -77,9 +78,11 @@ def read_run(
         finally:
             samples.close()
     if got < expected:
+        held = max(readable[0], start + got)
         message = (
-            f"shard {path.name} ended after sample {start + got} of the {stop} expected{problem}: "
-            "truncated or rewritten since it was packed; the epoch goes on without the rest of it"
+            f"shard {path.name} holds only {held} readable sample(s){problem}: {expected - got} of the "
+            f"{expected} samples [{start}, {stop}) read here are lost (truncated or rewritten since it "
+            "was packed); the epoch goes on without them"
         )
         if on_truncated is not None:
             on_truncated(message)
@@ -87,8 +90,14 @@ def read_run(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[RawSample, None, None]:
-    """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples."""
+def _samples(
+    f: BufferedReader, start: int, stop: int, shard: str, readable: list[int]
+) -> Generator[RawSample, None, None]:
+    """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples.
+
+    ``readable[0]`` follows how many complete samples the shard was seen to hold (for the message
+    about a damaged shard).
+    """
     index, key = -1, None
     parts: dict[str, bytearray] = {}
     headers = _headers(f)
@@ -98,7 +107,9 @@ def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[
         except StopIteration:
             break
         except ShardFormatError:
+            readable[0] = max(index, 0)
             if "cls" in parts and not _IMAGE_EXTS.isdisjoint(parts):
+                readable[0] = index + 1
                 yield _to_raw(key, parts, shard)  # complete before the damage
             raise
         slash = name.rfind("/") + 1
@@ -108,6 +119,7 @@ def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[
             continue
         member_key, ext = name[:dot], name[dot + 1 :].lower()
         if member_key != key:
+            readable[0] = index + 1
             if parts:
                 yield _to_raw(key, parts, shard)
                 parts = {}
@@ -123,7 +135,11 @@ def _samples(f: BufferedReader, start: int, stop: int, shard: str) -> Generator[
         _skip(f, size, size)
         parts[ext] = data
     if parts:
-        yield _to_raw(key, parts, shard)
+        sample = _to_raw(key, parts, shard)
+        readable[0] = index + 1
+        yield sample
+    else:
+        readable[0] = index + 1
 
 
 def _headers(f: BufferedReader) -> Iterator[tuple[str, int]]:

@@ -18,9 +18,9 @@ T = TypeVar("T")
 _TAG_WORKER = 2
 
 
-def worker_rng(seed: int, epoch: int, rank: int, worker: int) -> np.random.Generator:
-    """Return the RNG of one worker's sample order in one epoch."""
-    return np.random.default_rng([seed, epoch, _TAG_WORKER, rank, worker])
+def worker_rng(seed: int, epoch: int, rank: int, worker: int, stage: int = 0) -> np.random.Generator:
+    """Return the RNG of one worker's sample order in one epoch (``stage``: after so many elastic resumes)."""
+    return np.random.default_rng([seed, epoch, _TAG_WORKER, rank, worker] + ([stage] if stage else []))
 
 
 def interleave(
