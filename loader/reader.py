@@ -78,7 +78,7 @@ def read_run(
         finally:
             samples.close()
     if got < expected:
-        held = max(readable[0], start + got)
+        held = start + got if got else readable[0]
         message = (
             f"shard {path.name} holds only {held} readable sample(s){problem}: {expected - got} of the "
             f"{expected} samples [{start}, {stop}) read here are lost (truncated or rewritten since it "
@@ -138,8 +138,8 @@ def _samples(
         sample = _to_raw(key, parts, shard)
         readable[0] = index + 1
         yield sample
-    else:
-        readable[0] = index + 1
+    else:  # the last sample was stepped over with seeks, which do not tell whether its data was all there
+        readable[0] = index + 1 if index >= stop else max(index, 0)
 
 
 def _headers(f: BufferedReader) -> Iterator[tuple[str, int]]:
