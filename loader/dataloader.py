@@ -202,10 +202,11 @@ class ShardLoader:
         try:
             epoch, batches = int(state["epoch"]), int(state["batches"])
             stages = tuple((int(w), int(n), int(k)) for w, n, k in state.get("stages", []))
-            topology = (int(state["world_size"]), int(state["num_workers"]))
+            # 0 workers is one worker in this process: the same plan as 1.
+            topology = (int(state["world_size"]), max(int(state["num_workers"]), 1))
         except (KeyError, TypeError, ValueError):
             raise ResumeError(f"not a ShardLoader state: {state!r}") from None
-        if topology != (self.dataset.world_size, self.num_workers) and batches:
+        if topology != (self.dataset.world_size, max(self.num_workers, 1)) and batches:
             if self.dataset.mode == "eval":
                 w, n = topology
                 raise ResumeError(

@@ -307,7 +307,23 @@ def worker_plan(
         for a, b in kept_to_virtual(start, stop, gap_at=gap_at, gap=gap)
         for seg in segments(order, shard_samples, a, b)
     ]
-    return WorkerPlan(segments=tuple(runs), sizes=mine)
+    return WorkerPlan(segments=tuple(_merged(runs)), sizes=mine)
+
+
+def _merged(runs: list[Segment]) -> list[Segment]:
+    """Join runs that continue each other in one shard (a lone worker's blocks), so each shard opens once."""
+    out: list[Segment] = []
+    for seg in runs:
+        if (
+            out
+            and out[-1].shard == seg.shard
+            and out[-1].stop == seg.start
+            and not (out[-1].skip or seg.skip)
+        ):
+            out[-1] = Segment(seg.shard, out[-1].start, seg.stop)
+        else:
+            out.append(seg)
+    return out
 
 
 def _rank_ranges(total: int, batches: list[int], kw: dict[str, Any]) -> list[tuple[tuple[int, int], int]]:

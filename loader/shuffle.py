@@ -24,7 +24,7 @@ def worker_rng(seed: int, epoch: int, rank: int, worker: int, stage: int = 0) ->
 
 
 def interleave(
-    streams: Sequence[Iterable[T]], sizes: Sequence[int], rng: np.random.Generator, *, max_open: int = 16
+    streams: Sequence[Iterable[T]], sizes: Sequence[int], rng: np.random.Generator, *, max_open: int = 32
 ) -> Iterator[T]:
     """Merge ``streams`` in random order, drawing each next item from a stream with odds by what it has left.
 
