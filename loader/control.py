@@ -1,11 +1,14 @@
 """State a :class:`~imgshards.loader.ShardDataset` shares with its DataLoader workers, in shared memory.
 
 A DataLoader worker holds a copy of the dataset made once, when it starts (persistent workers keep
-it across epochs), so anything the main process decides later, the epoch and the resume point,
-and anything a worker reports back, its skip counters and its free batch buffers, lives in one
-shared ``int64`` tensor laid out as::
+it across epochs), so anything the main process decides later, the epoch, the position in it and
+the finished stages of an elastic resume, and anything a worker reports back, its skip counters and
+its free batch buffers, lives in one shared ``int64`` tensor laid out as::
 
-    [epoch, resume, counters (3 per worker slot), free flags (8 per worker slot)]
+    [epoch, start, delivered, stage count, stages (3 each), counters (4 per worker slot), flags (8 a slot)]
+
+This tensor is the one record of the epoch: :class:`~imgshards.loader.ShardLoader` reads and
+writes the dataset's epoch, never a copy of its own.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import torch
 
 from .batch import BufferPool
 
-__all__ = ["CORRUPT", "TRUNCATED", "UNREADABLE", "SharedControl"]
+__all__ = ["CORRUPT", "LOST", "MAX_STAGES", "TRUNCATED", "UNREADABLE", "SharedControl"]
 
-# What a worker counts: an image that did not decode, a shard that ended early, a shard not readable.
-CORRUPT, TRUNCATED, UNREADABLE = 0, 1, 2
+# What a worker counts: an image that did not decode, a shard that ended early, a shard not readable,
+# and the samples its plan held that no shard gave it (truncated or unreadable).
+CORRUPT, TRUNCATED, UNREADABLE, LOST = 0, 1, 2, 3
 
-_EPOCH, _RESUME, _COUNTERS = 0, 1, 2
+MAX_STAGES = 16  # topology changes (elastic resumes) within one epoch
+_EPOCH, _RESUME, _DELIVERED, _NSTAGES, _STAGES = 0, 1, 2, 3, 4
+_COUNTERS = _STAGES + 3 * MAX_STAGES
 _MAX_WORKER_SLOTS = 256
-_PER_WORKER = 3
+_PER_WORKER = 4
 _POOL_BUFFERS = 8
 _POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
 _SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
@@ -44,16 +50,42 @@ class SharedControl:
 
     @property
     def resume(self) -> int:
-        """Batches of this rank's epoch the next pass skips (already delivered)."""
+        """Batches of this rank's current stage the pass skips (delivered before it started).
+
+        Workers read it when their pass starts, which may be after the main process received the
+        first batches of other workers; so it changes only between passes (see :attr:`delivered`).
+        """
         return int(self._t[_RESUME])
 
     @resume.setter
     def resume(self, batches: int) -> None:
         self._t[_RESUME] = batches
 
-    def count(self, worker: int, what: int) -> None:
-        """Add one to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""
-        self._t[_COUNTERS + _PER_WORKER * (worker % _MAX_WORKER_SLOTS) + what] += 1
+    @property
+    def delivered(self) -> int:
+        """Batches of this rank's current stage delivered so far: where the next pass starts."""
+        return int(self._t[_DELIVERED])
+
+    @delivered.setter
+    def delivered(self, batches: int) -> None:
+        self._t[_DELIVERED] = batches
+
+    @property
+    def stages(self) -> tuple[tuple[int, int, int], ...]:
+        """The epoch's finished stages ``(world_size, num_workers, batches)`` (see :mod:`.elastic`)."""
+        flat = self._t[_STAGES : _STAGES + 3 * int(self._t[_NSTAGES])].tolist()
+        return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+
+    @stages.setter
+    def stages(self, stages: tuple[tuple[int, int, int], ...]) -> None:
+        assert len(stages) <= MAX_STAGES, stages
+        self._t[_NSTAGES] = len(stages)
+        if stages:
+            self._t[_STAGES : _STAGES + 3 * len(stages)] = torch.tensor([x for s in stages for x in s])
+
+    def count(self, worker: int, what: int, n: int = 1) -> None:
+        """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""
+        self._t[_COUNTERS + _PER_WORKER * (worker % _MAX_WORKER_SLOTS) + what] += n
 
     def total(self, what: int) -> int:
         """Counter ``what`` added up over every worker process, over all passes so far."""

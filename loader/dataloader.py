@@ -1,8 +1,9 @@
 """``make_loader``: a ``DataLoader`` set up for :class:`ShardDataset`, with epochs and mid-epoch resume.
 
-The resume state is two integers, ``(epoch, batches delivered this epoch)``. Everything else is
-recomputed: a worker's share of the epoch and its shuffled sample order are pure functions of the
-seed, epoch, rank and worker (:mod:`.partition`, :mod:`.shuffle`), and DataLoader hands out batches
+The resume state is ``(epoch, batches delivered this epoch)`` (plus, after a resume onto another
+topology, the epoch's finished stages: :mod:`.elastic`). Everything else is recomputed: a worker's
+share of the epoch and its shuffled sample order are pure functions of the seed, epoch, rank and worker
+(:mod:`.partition`, :mod:`.shuffle`), and DataLoader hands out batches
 round-robin over its workers, so the delivered count says exactly how many batches each worker made.
 On resume each worker replays its raw (undecoded) sample stream, drops what it had delivered, and
 goes on: the rest of the epoch is the same batches, in the same order, with the same augmentation.
@@ -22,10 +23,9 @@ from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
 from .errors import ConfigError, ResumeError
+from .state import STATE_VERSION, check_settings, settings
 
 __all__ = ["ShardLoader", "make_loader"]
-
-_STATE_VERSION = 1
 
 
 def make_loader(
@@ -74,15 +74,19 @@ def make_loader(
 
 
 class ShardLoader:
-    """Iterates a :class:`ShardDataset` through a DataLoader; knows its epoch and where it is in it.
+    """Iterates a :class:`ShardDataset` through a DataLoader; the epoch and the position are the dataset's.
 
-    After a full pass the epoch advances by itself; :meth:`set_epoch` sets it (as with
-    ``DistributedSampler``: calling it every epoch with the epoch number is fine too).
-    ``len(loader)`` is the number of batches a full epoch yields on this rank.
+    A pass that delivered ``len(loader)`` batches completes the epoch as it hands over the last one,
+    whether or not the loop asks for more (Lightning, ``islice(loader, len(loader))``): the next pass
+    reads the next epoch. :meth:`set_epoch` (or the dataset's, the same thing) sets it, as with
+    ``DistributedSampler``; calling it every epoch with the epoch number is fine too. A train pass
+    stopped early resumes where it stopped at the next pass; an eval pass starts over.
 
     Resume: save :meth:`state_dict` with the checkpoint; in the new process build the same dataset
-    and loader (same world size, workers, batch size, seed), call :meth:`load_state_dict`, iterate.
-    In train mode the state is the same on every rank, so rank 0's is enough.
+    and loader (same batch size, seed, shuffle settings), call :meth:`load_state_dict`, iterate. In
+    train mode the state is the same on every rank, so rank 0's is enough. The world size and the
+    worker count may differ (train mode): the rest of the epoch then delivers each of its samples
+    not yet delivered exactly once (see :mod:`.elastic`).
     """
 
     def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Any]) -> None:
@@ -90,9 +94,7 @@ class ShardLoader:
         self.dataloader = dataloader
         # With dataset.decode_on the workers send raw batches, decoded here (device.py).
         self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
-        self._epoch = dataset.epoch
-        self._start = 0  # batches to skip at the next pass (set by load_state_dict)
-        self._delivered = 0
+        self._loaded = False  # a state was loaded: an eval pass resumes too
         # Worker batch buffers handed out, to give back once nothing here refers to them.
         self._lent: list[tuple[StorageWeakRef, int]] = []
 
@@ -103,28 +105,28 @@ class ShardLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch being read, or the next to read between passes."""
-        return self._epoch
+        """The epoch being read, or the next to read between passes (the dataset's)."""
+        return self.dataset.epoch
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` at the next pass (keeps a pending resume into that same epoch)."""
-        if epoch != self._epoch:
-            self._start = 0
-        self._epoch = epoch
         self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        epoch, start = self._epoch, self._start
-        self.dataset.set_epoch(epoch)
-        self.dataset._set_resume(start)
-        self._start = 0
-        self._delivered = start
-        corrupt_before = self.dataset.corrupt_skipped
+        ds, control = self.dataset, self.dataset._control
+        if ds.mode == "eval" and not self._loaded:
+            control.delivered = 0
+        self._loaded = False
+        epoch, delivered = ds.epoch, control.delivered
+        control.resume = delivered  # read by the workers as their pass starts
+        total = ds._stage_batches()
+        corrupt, lost = ds.corrupt_skipped, ds.lost_samples
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
+        done = delivered >= total
         batches = cast(Iterable[Batch], self.dataloader)
         if self.decoder is not None:
             batches = self.decoder.stream(self.dataloader)
@@ -133,19 +135,39 @@ class ShardLoader:
             token = pool_token(batch.images)
             if token is not None:
                 self._lent.append((StorageWeakRef(batch.images.untyped_storage()), token))
-            self._delivered += 1
+            delivered += 1
+            control.delivered = delivered  # the one record: an interrupted pass resumes here
+            if delivered >= total and not done:
+                # Before handing over the last batch: a loop that stops at len(loader) never comes back.
+                done = self._finish(epoch, corrupt, lost)
             yield batch
-        skipped = self.dataset.corrupt_skipped - corrupt_before
+        if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
+            self._finish(epoch, corrupt, lost)
+
+    def _finish(self, epoch: int, corrupt: int, lost: int) -> bool:
+        ds = self.dataset
+        skipped, lost = ds.corrupt_skipped - corrupt, ds.lost_samples - lost
         if skipped:
             warnings.warn(
                 f"epoch {epoch}: skipped {skipped} image(s) that do not decode (on_error='skip'); "
-                f"{self.dataset.corrupt_skipped} so far",
+                f"{ds.corrupt_skipped} so far",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        self._epoch = epoch + 1
-        self._delivered = 0
-        self.dataset.set_epoch(self._epoch)
+        if lost:
+            how = (
+                "made up by repeating others, so every rank kept len() batches"
+                if ds.mode == "train"
+                else "missing from this pass: it did not cover the whole split"
+            )
+            warnings.warn(
+                f"epoch {epoch}: {lost} planned sample(s) were lost to truncated or unreadable "
+                f"shards, {how}; {ds.lost_samples} so far (imgshards verify names the damaged shards)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        ds._set_position(epoch + 1, (), 0)
+        return True
 
     def _give_back(self) -> None:
         """Return to the workers the batch buffers no tensor of this process refers to any more."""
@@ -157,50 +179,49 @@ class ShardLoader:
                 still.append((ref, token))
         self._lent = still
 
-    def _fingerprint(self) -> dict[str, Any]:
-        ds = self.dataset
-        return {
-            "samples": ds.num_samples,
-            "world_size": ds.world_size,
-            "num_workers": self.num_workers,
-            "batch_size": ds.batch_size,
-            "seed": ds.seed,
-            "mode": ds.mode,
-            "shuffle": ds.shuffle,
-            "shuffle_buffer": ds.shuffle_buffer,
-            "shuffle_initial": ds.shuffle_initial,
-            "drop_last": ds.drop_last,
-        }
-
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: the epoch, the batches delivered in it, and what fixes the order."""
+        """Where this loader is: epoch, finished stages, batches delivered, and what fixes the order."""
+        control = self.dataset._control
         return {
-            "version": _STATE_VERSION,
-            "epoch": self._epoch,
-            "batches": self._delivered,
-            **self._fingerprint(),
+            "version": STATE_VERSION,
+            "epoch": self.dataset.epoch,
+            "stages": [list(s) for s in control.stages],
+            "batches": control.delivered,
+            "world_size": self.dataset.world_size,
+            "num_workers": self.num_workers,
+            **settings(self.dataset),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next pass: the rest of that epoch, in the same order.
+        """Continue from ``state`` at the next pass: the rest of that epoch.
+
+        With the saved world size and worker count, the rest is the same batches in the same order.
+        With others (train mode), it is every sample of the epoch not yet delivered, exactly once,
+        in equal batch counts on every rank (see :mod:`.elastic`).
 
         Raises:
-            ResumeError: the state comes from a loader with another world size, worker count, batch
-                size, seed, split size or shuffle setting, or is not a loader state.
+            ResumeError: the state comes from a loader with another batch size, seed, split size or
+                shuffle setting (or another topology in eval mode), or is not a loader state.
 
         """
+        check_settings(state, settings(self.dataset), "ShardLoader")
         try:
-            version, epoch, batches = state["version"], int(state["epoch"]), int(state["batches"])
+            epoch, batches = int(state["epoch"]), int(state["batches"])
+            stages = tuple((int(w), int(n), int(k)) for w, n, k in state.get("stages", []))
+            # 0 workers is one worker in this process: the same plan as 1.
+            topology = (int(state["world_size"]), max(int(state["num_workers"]), 1))
         except (KeyError, TypeError, ValueError):
             raise ResumeError(f"not a ShardLoader state: {state!r}") from None
-        if version != _STATE_VERSION:
-            raise ResumeError(f"loader state version {version!r}; this imgshards reads {_STATE_VERSION}")
-        mine = self._fingerprint()
-        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
-        if differ:
-            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
-            raise ResumeError(f"cannot resume exactly: the loader differs from the saved one ({detail})")
-        if not 0 <= batches <= len(self):
+        if topology != (self.dataset.world_size, max(self.num_workers, 1)) and batches:
+            if self.dataset.mode == "eval":
+                w, n = topology
+                raise ResumeError(
+                    f"an eval pass resumes only at the saved topology: world_size: saved {w}, now "
+                    f"{self.dataset.world_size}; num_workers: saved {n}, now {self.num_workers}"
+                )
+            stages, batches = (*stages, (*topology, batches)), 0
+        self.dataset._set_position(epoch, stages, 0)
+        if not 0 <= batches <= self.dataset._stage_batches():
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
-        self._epoch, self._start, self._delivered = epoch, batches, batches
-        self.dataset.set_epoch(epoch)
+        self.dataset._set_position(epoch, stages, batches)
+        self._loaded = True

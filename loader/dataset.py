@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -22,17 +22,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from . import partition
+from . import elastic, partition
 from .batch import Batch, BufferPool, collate
-from .control import CORRUPT, TRUNCATED, UNREADABLE, SharedControl
+from .checks import check_choice, resolve_rank
+from .control import CORRUPT, LOST, TRUNCATED, UNREADABLE, SharedControl
 from .errors import ConfigError, CorruptImageError, ShardReadError
 from .offload import DecodeOn, RawBatch, raw_batch
-from .pipeline import augment_seed, batched, decode_batch, read_runs, sample_stream, seeded
+from .pipeline import augment_seed, batched, decode_batch, read_elsewhere, read_runs, sample_stream, seeded
 from .presets import PRESETS, Transform, preset
 from .profiling.stagetimes import COLLATE, NO_CLOCK, READ, StageTimes
 from .reader import RawSample
 from .remote import ShardSource
 from .shuffle import worker_rng
+from .state import EpochState
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
 
@@ -42,12 +44,13 @@ MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
 
 
-class ShardDataset(IterableDataset[Batch | RawBatch]):
+class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
     """Batches of one split of a packed dataset, split exactly across ranks and DataLoader workers.
 
-    Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` with
-    ``batch_size=None``). Each worker reads a contiguous range of the epoch's shuffled shard sequence,
-    interleaves the shards it touches, shuffles through a buffer, then decodes, transforms and
+    Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` /
+    torchdata ``StatefulDataLoader`` with ``batch_size=None``, calling :meth:`set_epoch` each epoch).
+    In train mode each worker reads blocks spread over the epoch's shuffled shard sequence (see
+    :mod:`.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
     stacks a whole batch, so one message per batch crosses to the main process.
 
     Guarantees, for ``N`` samples in the split, ``W`` world size and batch size ``B``:
@@ -64,8 +67,11 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
 
     With ``on_error="skip"`` a corrupt image is dropped from its batch (that batch is one smaller)
     and counted in :attr:`corrupt_skipped`; the batch count does not change. A truncated shard ends
-    with a warning; its missing samples are made up by repeating the worker's most recent samples, so
-    the batch counts above still hold (a DDP job must not hang on a damaged file).
+    with a warning and its lost samples are counted in :attr:`lost_samples`. In train mode they are
+    made up by repeating the worker's most recent samples (or, when a worker lost every sample it
+    had, samples read from the next readable shards), so every rank still yields ``len()`` batches
+    (a DDP job must not hang on a damaged file); in eval mode nothing is made up: the batches hold
+    what exists and the loader warns how many samples the pass lacked.
 
     A remote shard (``source`` a URL) is streamed in ranged requests: its first samples are read
     before the rest has arrived, and a request that fails with a transient error (connection reset,
@@ -138,8 +144,8 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
         decode_on: DecodeOn | str | torch.device | None = None,
     ) -> None:
         super().__init__()
-        _check_choice("mode", mode, MODES)
-        _check_choice("on_error", on_error, ON_ERROR)
+        check_choice("mode", mode, MODES)
+        check_choice("on_error", on_error, ON_ERROR)
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
         if seed < 0:
@@ -150,7 +156,7 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
             raise ConfigError(
                 f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
             )
-        rank, world_size = _resolve_rank(rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size)
 
         if isinstance(source, ShardSource):
             if storage_options is not None or cache_dir is not None or cache_limit is not None:
@@ -192,11 +198,18 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
         self.on_error: OnError = on_error
         self.decode_on = DecodeOn.of(decode_on)
         self._shard_samples = tuple(s.samples for s in self.split_info.shards)
+        self._layout = elastic.Layout(
+            self._shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
+        )
         # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
         # object made once, at their start): the epoch and the resume point are read from here at
         # the start of every pass, and each worker adds up what it skipped in its own slots.
         self._control = SharedControl()
         self._pool: BufferPool | None = None  # made in each worker process, on its first batch
+        # This process's pass, for state_dict(): (epoch, stages, worker, num_workers, batches made);
+        # and a place loaded by load_state_dict() that the next pass of this process starts from.
+        self._progress: tuple[int, tuple[elastic.Stage, ...], int, int, int] = (0, (), 0, 1, 0)
+        self._pending: tuple[int, tuple[elastic.Stage, ...], int] | None = None
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
         # then each worker times its stages and counts its batches in it.
         self.stage_times: StageTimes | None = None
@@ -204,67 +217,50 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
     # ---- what an epoch holds ------------------------------------------------------------------
 
     @property
-    def classes(self) -> tuple[str, ...]:
-        """Class names; a label is a position in this tuple."""
-        return self.manifest.classes
+    def classes(self) -> list[str]:
+        """Class names, as ``torchvision.datasets.ImageFolder.classes``: a label is a position here."""
+        return list(self.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as ``ImageFolder.class_to_idx``."""
+        return {name: i for i, name in enumerate(self.manifest.classes)}
 
     @property
     def num_samples(self) -> int:
-        """Samples in the split."""
+        """Samples in the split (``len(dataset)`` counts batches: see :meth:`__len__`)."""
         return sum(self._shard_samples)
 
     @property
     def dropped_per_epoch(self) -> int:
         """Samples of the split no rank sees in one epoch (0 in eval mode; see the class docstring)."""
-        return partition.dropped_samples(
-            self.num_samples,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            train=self.mode == "train",
-            drop_last=self.drop_last,
-        )
+        return partition.dropped_samples(self.num_samples, world_size=self.world_size, **self._kw())
 
     def __len__(self) -> int:
-        """Batches this rank yields in one epoch, for any number of DataLoader workers."""
-        return partition.rank_batches(
-            self.num_samples,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            train=self.mode == "train",
-            drop_last=self.drop_last,
-        )[self.rank]
+        """Batches this rank yields in the current epoch, for any number of DataLoader workers.
 
-    # ---- state shared with the workers -------------------------------------------------------
+        Batches, not samples, on purpose: this dataset yields whole batches (``DataLoader(...,
+        batch_size=None)``), and a DataLoader's ``len()`` over an ``IterableDataset`` is
+        ``len(dataset)``, so ``len(loader)`` is right in every trainer. :attr:`num_samples` counts
+        samples. After an elastic resume it counts the epoch's batches delivered before it too.
+        """
+        if self.mode == "eval":
+            return partition.rank_batches(self.num_samples, world_size=self.world_size, **self._kw())[
+                self.rank
+            ]
+        stages = self._control.stages
+        return sum(k for _, _, k in stages) + self._stage_batches()
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next pass reads."""
-        return self._control.epoch
+    def _stage_batches(self) -> int:
+        """Batches this rank yields in the current stage of the epoch (the epoch, without a resume)."""
+        if self.mode == "eval":
+            return len(self)
+        return elastic.rank_batches(
+            self._layout, epoch=self.epoch, stages=self._control.stages, world_size=self.world_size
+        )
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass read epoch ``epoch`` (another shard order and sample order)."""
-        if epoch < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._control.epoch = epoch
-
-    def _set_resume(self, batches: int) -> None:
-        """Make the next pass skip the first ``batches`` batches this rank would yield (resume)."""
-        self._control.resume = batches
-
-    @property
-    def corrupt_skipped(self) -> int:
-        """Images skipped because they did not decode, over all passes so far (all workers)."""
-        return self._control.total(CORRUPT)
-
-    @property
-    def truncated_shards(self) -> int:
-        """Times a shard ended before its index said it would, over all passes so far."""
-        return self._control.total(TRUNCATED)
-
-    @property
-    def unreadable_shards(self) -> int:
-        """Times a remote shard was skipped because it could not be read, over all passes so far."""
-        return self._control.total(UNREADABLE)
+    def _kw(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": self.drop_last}
 
     def _release(self, token: int) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
@@ -275,73 +271,85 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
     def __iter__(self) -> Iterator[Batch | RawBatch]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        # Read the shared state now: a DataLoader creates this iterator when a pass starts.
-        epoch, resume = self._control.epoch, self._control.resume
-        # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
-        # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
-        role = partition.resumed_worker(worker, resume, num_workers)
+        if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
+            (epoch, stages, first), self._pending = self._pending, None
+            role = worker
+        else:
+            # Read the shared state now: a DataLoader creates this iterator when a pass starts.
+            epoch, stages, resume = self._control.epoch, self._control.stages, self._control.resume
+            # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
+            # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
+            role = partition.resumed_worker(worker, resume, num_workers)
+            first = partition.delivered_by_worker(resume, num_workers)[role]
+        self._progress = (epoch, stages, role, num_workers, first)
         pool = None
         if info is not None:
             if self._pool is None:
                 self._pool = self._control.pool(worker)
             pool = self._pool
-        return self._batches(epoch, resume, role, num_workers, pool=pool)
+        return self._batches(epoch, stages, first, role, num_workers, pool=pool)
 
-    def _plan(self, epoch: int, worker: int, num_workers: int) -> partition.WorkerPlan:
+    def _plan(
+        self, epoch: int, stages: tuple[elastic.Stage, ...], worker: int, num_workers: int
+    ) -> partition.WorkerPlan:
+        where: dict[str, Any] = dict(
+            rank=self.rank, world_size=self.world_size, worker=worker, num_workers=num_workers
+        )
+        if self.mode == "train":
+            return elastic.plan(self._layout, epoch=epoch, stages=stages, **where)
         return partition.worker_plan(
-            self._shard_samples,
-            seed=self.seed,
-            epoch=epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            worker=worker,
-            num_workers=num_workers,
-            batch_size=self.batch_size,
-            train=self.mode == "train",
-            drop_last=self.drop_last,
-            shuffle=self.shuffle,
+            self._shard_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle, **where, **self._kw()
         )
 
     def _batches(
-        self, epoch: int, resume: int, worker: int, num_workers: int, *, pool: BufferPool | None
+        self,
+        epoch: int,
+        stages: tuple[elastic.Stage, ...],
+        first: int,
+        worker: int,
+        num_workers: int,
+        *,
+        pool: BufferPool | None,
     ) -> Iterator[Batch | RawBatch]:
-        plan = self._plan(epoch, worker, num_workers)
+        plan = self._plan(epoch, stages, worker, num_workers)
         clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
-        raw = clock.timed_iter(READ, self._raw_stream(plan, epoch, worker))
+        raw = clock.timed_iter(READ, self._raw_stream(plan, epoch, len(stages), worker))
 
-        def on_corrupt(e: CorruptImageError) -> None:
-            self._control.count(worker, CORRUPT)
-            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=2)
+        def make_up() -> Iterator[RawSample]:
+            order = partition.shard_order(
+                len(self._shard_samples), seed=self.seed, epoch=epoch, shuffle=self.shuffle
+            )
+            after = plan.segments[0].shard if plan.segments else None
+            where = f"split {self.split!r} at {self.root} (rank {self.rank})"
+            shards, classes = self.split_info.shards, len(self.manifest.classes)
+            return read_elsewhere(
+                order, after, shards, self.source, limit=max(plan.sizes), num_classes=classes, what=where
+            )
 
         for k, samples in batched(
-            raw,
-            samples=plan.samples,
-            batches=plan.batches,
-            batch_size=self.batch_size,
-            first=partition.delivered_by_worker(resume, num_workers)[worker],
-            on_empty=self._warn_nothing_left,
+            raw, sizes=plan.sizes, first=first, make_up=make_up if self.mode == "train" else None
         ):
+            batch: Batch | RawBatch
             if self.decode_on is not None:  # the training process decodes (device.py)
-                packed = clock.timed(COLLATE, raw_batch)(
+                batch = clock.timed(COLLATE, raw_batch)(
                     samples, epoch=epoch, worker=worker, index=k, shared=pool is not None
                 )
                 clock.batch_done(len(samples))
-                yield packed
-                continue
-            with seeded(augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
-                images, labels = decode_batch(
-                    samples,
-                    self.transform,
-                    on_corrupt=None if self.on_error == "raise" else on_corrupt,
-                    clock=clock,
-                )
-            batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
-            clock.batch_done(len(labels))
+            else:
+                with seeded(augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
+                    images, labels = decode_batch(
+                        samples, self.transform, on_corrupt=self._on_corrupt(worker), clock=clock
+                    )
+                batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
+                clock.batch_done(len(labels))
+            self._progress = (epoch, stages, worker, num_workers, k + 1)
             yield batch
         # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
         self.source.settle()
 
-    def _raw_stream(self, plan: partition.WorkerPlan, epoch: int, worker: int) -> Iterator[RawSample]:
+    def _raw_stream(
+        self, plan: partition.WorkerPlan, epoch: int, stage: int, worker: int
+    ) -> Iterator[RawSample]:
         def on_truncated(message: str) -> None:
             self._control.count(worker, TRUNCATED)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -350,30 +358,30 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
             self._control.count(worker, UNREADABLE)
             warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
-        def on_corrupt(e: CorruptImageError) -> None:  # a label outside the classes, no image...
-            self._control.count(worker, CORRUPT)
-            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=2)
-
         runs = read_runs(
-            plan,
+            plan.segments,
             self.split_info.shards,
             self.source,
             on_truncated=on_truncated,
             on_unreadable=None if self.on_error == "raise" else on_unreadable,
             num_classes=len(self.manifest.classes),
-            on_corrupt=None if self.on_error == "raise" else on_corrupt,
+            on_corrupt=self._on_corrupt(worker),  # a label outside the classes, no image...
+            on_lost=lambda n: self._control.count(worker, LOST, n),
         )
-        rng = worker_rng(self.seed, epoch, self.rank, worker) if self.shuffle else None
+        rng = worker_rng(self.seed, epoch, self.rank, worker, stage) if self.shuffle else None
         sizes = [len(seg) for seg in plan.segments]
         return sample_stream(runs, sizes, rng, buffer=self.shuffle_buffer, initial=self.shuffle_initial)
 
-    def _warn_nothing_left(self) -> None:
-        warnings.warn(
-            f"rank {self.rank}: a truncated shard left a worker with no samples at all; this rank "
-            "yields fewer batches this epoch than len() says (in DDP, other ranks may wait)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    def _on_corrupt(self, worker: int) -> Callable[[CorruptImageError], None] | None:
+        """Skip, count and warn about a sample that is not usable; ``None`` (raise) with on_error="raise"."""
+        if self.on_error == "raise":
+            return None
+
+        def skip(e: CorruptImageError) -> None:
+            self._control.count(worker, CORRUPT)
+            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
+
+        return skip
 
     def __repr__(self) -> str:
         return (
@@ -381,20 +389,3 @@ class ShardDataset(IterableDataset[Batch | RawBatch]):
             f"batch_size={self.batch_size}, samples={self.num_samples}, rank={self.rank}/{self.world_size}, "
             f"transform={self.transform!r})"
         )
-
-
-def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"unknown {name} {value!r}; expected one of {list(allowed)}")
-
-
-def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    dist = torch.distributed
-    initialized = dist.is_available() and dist.is_initialized()
-    if world_size is None:
-        world_size = dist.get_world_size() if initialized else 1
-    if rank is None:
-        rank = dist.get_rank() if initialized else 0
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return rank, world_size

@@ -2,7 +2,7 @@
 
 :class:`~imgshards.loader.ShardDataset` wires them in this order::
 
-    partition.worker_plan -> read_runs -> sample_stream (interleave -> buffer_shuffle)
+    elastic.plan (partition.worker_plan) -> read_runs -> sample_stream (interleave -> buffer_shuffle)
         -> batched (skip delivered, make up lost samples) -> decode_batch (decode -> transform)
         -> batch.collate
 
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,20 +26,29 @@ from imgshards.converter.manifest import ShardInfo
 
 from .decode import decode
 from .errors import CorruptImageError, ShardReadError
-from .partition import WorkerPlan
+from .partition import Segment
 from .presets import Transform
 from .profiling.stagetimes import AUGMENT, DECODE, NO_CLOCK, NoClock, StageClock
 from .reader import RawSample, read_run
 from .remote import ShardSource
 from .shuffle import buffer_shuffle, interleave
 
-__all__ = ["augment_seed", "batched", "decode_batch", "read_runs", "sample_stream", "seeded"]
+__all__ = [
+    "augment_seed",
+    "batched",
+    "decode_batch",
+    "read_elsewhere",
+    "read_runs",
+    "sample_stream",
+    "seeded",
+]
 
 _TAG_AUGMENT = 3
+T = TypeVar("T")
 
 
 def read_runs(
-    plan: WorkerPlan,
+    segments: Sequence[Segment],
     shards: Sequence[ShardInfo],
     source: ShardSource,
     *,
@@ -45,16 +56,19 @@ def read_runs(
     on_unreadable: Callable[[ShardReadError], None] | None,
     num_classes: int | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
+    on_lost: Callable[[int], None] = lambda n: None,
 ) -> list[Iterator[RawSample]]:
-    """One lazy run of raw samples per segment of ``plan``, read from ``source`` in the plan's order.
+    """One lazy run of raw samples per segment, read from ``source`` in the given order.
 
-    A shard that cannot be read ends its run and is reported to ``on_unreadable``; with
-    ``on_unreadable=None`` the :class:`ShardReadError` propagates. A sample whose label is not in
+    A segment's ``skip`` samples are read past, never yielded. A shard that cannot be read ends its
+    run and is reported to ``on_unreadable``; with ``on_unreadable=None`` the
+    :class:`ShardReadError` propagates. A run that ends short of its segment (damaged shard) tells
+    ``on_lost`` how many of its samples it lacks. A sample whose label is not in
     ``0..num_classes-1`` goes to ``on_corrupt`` (raises with None).
     """
-    source.plan([shards[seg.shard] for seg in plan.segments])  # prefetch in this order
+    source.plan([shards[seg.shard] for seg in segments])  # prefetch in this order
     runs = []
-    for seg in plan.segments:
+    for seg in segments:
         shard = shards[seg.shard]
         run = read_run(
             source.url(shard.name),
@@ -65,8 +79,65 @@ def read_runs(
             num_classes=num_classes,
             on_corrupt=on_corrupt,
         )
-        runs.append(run if on_unreadable is None else _unless_unreadable(run, on_unreadable))
+        if seg.skip:
+            run = _skipping(run, seg)
+        if on_unreadable is not None:
+            run = _unless_unreadable(run, on_unreadable)
+        runs.append(_counted(run, len(seg), on_lost))
     return runs
+
+
+def read_elsewhere(
+    order: Sequence[int] | np.ndarray,
+    after: int | None,
+    shards: Sequence[ShardInfo],
+    source: ShardSource,
+    *,
+    limit: int,
+    num_classes: int | None,
+    what: str,
+) -> Iterator[RawSample]:
+    """Up to ``limit`` samples of whole shards, in ``order`` from the shard after ``after`` on.
+
+    What a worker that lost all its own samples repeats (the same on every run), with a warning.
+    Damaged shards and samples are passed over quietly: each was warned about when its own reader
+    met it. With none readable anywhere no rank can make a batch, and each raises
+    :class:`ShardReadError` saying so (``what`` names the split and where it is).
+    """
+    at = int(np.flatnonzero(np.asarray(order) == after)[0]) + 1 if after is not None else 0
+    segments = [Segment(int(s), 0, shards[s].samples) for s in np.roll(np.asarray(order), -at)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = read_runs(
+            segments,
+            shards,
+            source,
+            on_truncated=_ignore,
+            on_unreadable=_ignore,
+            num_classes=num_classes,
+            on_corrupt=_ignore,
+        )
+        found = list(islice((s for run in runs for s in run), limit))
+    if not found:
+        raise ShardReadError(
+            f"no shard of {what} holds a readable sample; re-pack or re-download the shards "
+            "(imgshards verify names the damaged ones)"
+        )
+    warnings.warn(
+        f"a worker lost every sample of its plan to damaged shards; its batches repeat {len(found)} "
+        "sample(s) of other shards, so the rank keeps len() batches",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return iter(found)
+
+
+def _ignore(_: object) -> None:
+    pass
+
+
+def _skipping(run: Iterator[RawSample], seg: Segment) -> Iterator[RawSample]:
+    return (s for i, s in enumerate(run, seg.start) if i not in seg.skip)
 
 
 def _unless_unreadable(
@@ -78,14 +149,23 @@ def _unless_unreadable(
         on_unreadable(e)
 
 
+def _counted(run: Iterator[RawSample], expected: int, on_lost: Callable[[int], None]) -> Iterator[RawSample]:
+    got = 0
+    for s in run:
+        got += 1
+        yield s
+    if got < expected:
+        on_lost(expected - got)
+
+
 def sample_stream(
-    runs: Sequence[Iterator[RawSample]],
+    runs: Sequence[Iterator[T]],
     sizes: Sequence[int],
     rng: np.random.Generator | None,
     *,
     buffer: int,
     initial: int,
-) -> Iterator[RawSample]:
+) -> Iterator[T]:
     """The worker's samples in order: runs one after another (``rng=None``), or interleaved and shuffled."""
     if rng is None:
         return (sample for run in runs for sample in run)
@@ -95,31 +175,33 @@ def sample_stream(
 def batched(
     raw: Iterator[RawSample],
     *,
-    samples: int,
-    batches: int,
-    batch_size: int,
+    sizes: Sequence[int],
     first: int = 0,
-    on_empty: Callable[[], None],
+    make_up: Callable[[], Iterator[RawSample]] | None,
 ) -> Iterator[tuple[int, list[RawSample]]]:
-    """Cut ``raw`` into this worker's ``batches`` batches ``(k, samples)``, from batch ``first`` on.
+    """Cut ``raw`` into this worker's batches ``(k, samples)`` of ``sizes[k]``, from batch ``first`` on.
 
     The samples of batches before ``first`` (delivered before a resume) are read and dropped,
     never decoded. Samples that ``raw`` lacks (a truncated or unreadable shard) are made up by
-    repeating the most recent ones, so the batch count holds; with nothing to repeat,
-    ``on_empty`` is called and the batches end.
+    repeating the most recent ones, so the batch count holds; a worker that has read nothing at
+    all repeats the samples ``make_up()`` gives (samples from elsewhere in the split). With
+    ``make_up=None`` (eval) nothing is made up: a batch holds what exists, and the batches end when
+    nothing is left.
     """
-    recent: deque[RawSample] = deque(maxlen=batch_size)
+    recent: deque[RawSample] = deque(maxlen=max(sizes, default=1))
     raw = _remember(raw, recent)
-    for _ in islice(raw, min(first * batch_size, samples)):
+    for _ in islice(raw, sum(sizes[:first])):
         pass
-    for k in range(first, batches):
-        size = min(batch_size, samples - k * batch_size)
-        batch = list(islice(raw, size))
-        if len(batch) < size:
-            batch += _make_up(recent, size - len(batch))
-            if not batch:
-                on_empty()
-                return
+    for k in range(first, len(sizes)):
+        batch = list(islice(raw, sizes[k]))
+        if len(batch) < sizes[k]:
+            if make_up is None:
+                if not batch:
+                    return
+            else:
+                if not recent:
+                    recent.extend(islice(make_up(), recent.maxlen))
+                batch += _make_up(recent, sizes[k] - len(batch))
         yield k, batch
 
 
@@ -131,7 +213,8 @@ def _remember(samples: Iterator[RawSample], recent: deque[RawSample]) -> Iterato
 
 def _make_up(recent: deque[RawSample], missing: int) -> list[RawSample]:
     pool = list(recent)
-    return [pool[i % len(pool)] for i in range(missing)] if pool else []
+    assert pool, "make_up() found no sample"
+    return [pool[i % len(pool)] for i in range(missing)]
 
 
 def decode_batch(

@@ -83,8 +83,9 @@ def read_run(
     """
     path = Path(path)
     expected, got, problem = stop - start, 0, ""
+    readable = [0]  # complete samples the shard was seen to hold, counted by _samples
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
-        samples = _samples(cast(BufferedReader, f), start, stop, path.name, num_classes)
+        samples = _samples(cast(BufferedReader, f), start, stop, path.name, num_classes, readable)
         try:
             for sample in samples:
                 got += 1
@@ -103,9 +104,11 @@ def read_run(
         finally:
             samples.close()
     if got < expected:
+        held = start + got if got else readable[0]
         message = (
-            f"shard {path.name} ended after sample {start + got} of the {stop} expected{problem}: "
-            "truncated or rewritten since it was packed; the epoch goes on without the rest of it"
+            f"shard {path.name} holds only {held} readable sample(s){problem}: {expected - got} of the "
+            f"{expected} samples [{start}, {stop}) read here are lost (truncated or rewritten since it "
+            "was packed); the epoch goes on without them"
         )
         if on_truncated is not None:
             on_truncated(message)
@@ -114,14 +117,17 @@ def read_run(
 
 
 def _samples(
-    f: BufferedReader, start: int, stop: int, shard: str, num_classes: int | None
+    f: BufferedReader, start: int, stop: int, shard: str, num_classes: int | None, readable: list[int]
 ) -> Generator[RawSample | CorruptImageError, None, None]:
     """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples.
 
-    A sample that is not usable comes out as the error saying why, in its place.
+    A sample that is not usable comes out as the error saying why, in its place. ``readable[0]``
+    follows how many complete samples the shard was seen to hold (for the message about a damaged
+    shard).
     """
     index, key = -1, None
     parts: dict[str, bytearray] = {}
+    exts: set[str] = set()  # of the current sample's members, read or stepped over
     end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
     f.seek(0)
     headers = _headers(f, end)
@@ -131,8 +137,12 @@ def _samples(
         except StopIteration:
             break
         except ShardFormatError:
-            if "cls" in parts and not _IMAGE_EXTS.isdisjoint(parts):
-                yield _to_raw(key, parts, shard, num_classes)  # complete before the damage
+            # The sample before the damage counts as whole if it had a label and an image (its
+            # members' sizes were all checked against the shard's real size).
+            complete = "cls" in exts and not _IMAGE_EXTS.isdisjoint(exts)
+            readable[0] = index + 1 if complete else max(index, 0)
+            if complete and parts:
+                yield _to_raw(key, parts, shard, num_classes)
             raise
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
@@ -141,12 +151,15 @@ def _samples(
             continue
         member_key, ext = name[:dot], name[dot + 1 :].lower()
         if member_key != key:
+            readable[0] = index + 1
             if parts:
                 yield _to_raw(key, parts, shard, num_classes)
                 parts = {}
             key, index = member_key, index + 1
+            exts = set()
             if index >= stop:
                 return
+        exts.add(ext)
         if index < start or ext in _SKIPPED_EXTS:
             _skip(f, size)
             continue
@@ -159,7 +172,10 @@ def _samples(
         sample = _to_raw(key, parts, shard, num_classes)
         if isinstance(sample, CorruptImageError) and ("cls" not in parts or _IMAGE_EXTS.isdisjoint(parts)):
             raise ShardFormatError(f"sample {key!r} is cut short")  # the shard ends inside it
+        readable[0] = index + 1
         yield sample
+    else:  # the last sample was stepped over with seeks, which do not tell whether its data was all there
+        readable[0] = index + 1 if index >= stop else max(index, 0)
 
 
 def _headers(f: BufferedReader, end: int) -> Iterator[tuple[str, int]]:

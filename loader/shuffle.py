@@ -18,13 +18,13 @@ T = TypeVar("T")
 _TAG_WORKER = 2
 
 
-def worker_rng(seed: int, epoch: int, rank: int, worker: int) -> np.random.Generator:
-    """Return the RNG of one worker's sample order in one epoch."""
-    return np.random.default_rng([seed, epoch, _TAG_WORKER, rank, worker])
+def worker_rng(seed: int, epoch: int, rank: int, worker: int, stage: int = 0) -> np.random.Generator:
+    """Return the RNG of one worker's sample order in one epoch (``stage``: after so many elastic resumes)."""
+    return np.random.default_rng([seed, epoch, _TAG_WORKER, rank, worker] + ([stage] if stage else []))
 
 
 def interleave(
-    streams: Sequence[Iterable[T]], sizes: Sequence[int], rng: np.random.Generator, *, max_open: int = 16
+    streams: Sequence[Iterable[T]], sizes: Sequence[int], rng: np.random.Generator, *, max_open: int = 32
 ) -> Iterator[T]:
     """Merge ``streams`` in random order, drawing each next item from a stream with odds by what it has left.
 

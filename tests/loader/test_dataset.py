@@ -110,6 +110,32 @@ def test_persistent_workers_see_set_epoch_and_epochs_advance_by_themselves(packe
     assert loader.epoch == 1
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pass_of_len_batches_completes_the_epoch_without_exhausting_it(
+    packed_many, lookup_many, num_workers
+):
+    """What Lightning does, and ``islice(loader, len(loader))``: stop at the last batch, never past it."""
+    loader = make_loader(dataset(packed_many), num_workers=num_workers)
+    epochs = [lookup_many.run_keys(islice(loader, len(loader))) for _ in range(3)]
+    assert epochs[0] == run(packed_many, lookup_many, num_workers=num_workers)
+    assert epochs[1] == run(packed_many, lookup_many, num_workers=num_workers, epoch=1) != epochs[0]
+    assert epochs[2] == run(packed_many, lookup_many, num_workers=num_workers, epoch=2)
+    assert loader.epoch == 3 and loader.state_dict()["batches"] == 0
+
+
+def test_set_epoch_on_the_dataset_is_set_epoch_on_the_loader(packed_many, lookup_many):
+    ds = dataset(packed_many)
+    loader = make_loader(ds, num_workers=2)
+    ds.set_epoch(3)
+    assert loader.epoch == 3
+    assert lookup_many.run_keys(loader) == run(packed_many, lookup_many, num_workers=2, epoch=3)
+    assert ds.epoch == loader.epoch == 4
+    # A pass stopped early resumes where it stopped; setting the same epoch keeps that place.
+    head = lookup_many.run_keys(islice(loader, 4))
+    ds.set_epoch(4)
+    assert head + lookup_many.run_keys(loader) == run(packed_many, lookup_many, num_workers=2, epoch=4)
+
+
 def test_augmentation_is_seeded_per_batch(packed_many):
     def images(num_workers):
         ds = ShardDataset(packed_many, batch_size=8, transform="train", image_size=32)
@@ -213,20 +239,22 @@ def test_resume_gives_the_same_augmented_images(packed_many):
 def test_dataloader_round_robin_matches_the_per_worker_model(packed_many, lookup_many):
     """Workers with unequal batch counts: DataLoader's order is batch j from worker j % num_workers."""
     ds = dataset(packed_many, batch_size=5)  # 115 samples: 23 batches over 3 workers = 8, 8, 7
-    per_worker = [lookup_many.run_keys(ds._batches(0, 0, w, 3, pool=None)) for w in range(3)]
+    per_worker = [lookup_many.run_keys(ds._batches(0, (), 0, w, 3, pool=None)) for w in range(3)]
     assert [len(b) for b in per_worker] == [8, 8, 7]
     expected = [per_worker[j % 3][j // 3] for j in range(23)]
     assert lookup_many.run_keys(make_loader(ds, num_workers=3)) == expected
 
 
-def test_resume_refuses_another_layout(packed_many):
+def test_resume_refuses_other_settings(packed_many):
     state = make_loader(dataset(packed_many), num_workers=2).state_dict()
-    with pytest.raises(ResumeError, match=r"num_workers: saved 2, now 0"):
-        make_loader(dataset(packed_many), num_workers=0).load_state_dict(state)
     with pytest.raises(ResumeError, match=r"batch_size: saved 8, now 4"):
         make_loader(dataset(packed_many, batch_size=4), num_workers=2).load_state_dict(state)
     with pytest.raises(ResumeError, match="not a ShardLoader state"):
         make_loader(dataset(packed_many), num_workers=2).load_state_dict({"epoch": 1})
+    ev = make_loader(dataset(packed_many, mode="eval"), num_workers=2)
+    next(iter(ev))
+    with pytest.raises(ResumeError, match=r"eval pass resumes only at the saved topology"):
+        make_loader(dataset(packed_many, mode="eval"), num_workers=0).load_state_dict(ev.state_dict())
 
 
 # ---- bad data ----------------------------------------------------------------------------------
@@ -262,21 +290,30 @@ def test_corrupt_image_raises_when_asked(packed_corrupt, num_workers):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_truncated_shard_warns_and_the_epoch_goes_on(packed_copy, lookup_many, num_workers):
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_truncated_shard_warns_and_the_epoch_goes_on(packed_copy, lookup_many, num_workers, mode):
     shard = read_manifest(packed_copy).split("train").shards[2]
     path = packed_copy / shard.name
     path.write_bytes(path.read_bytes()[: shard.bytes // 2])
     with pytest.warns(RuntimeWarning, match=f"shard .*{shard.name} is .* bytes, the index says"):
-        ds = dataset(packed_copy, mode="eval")
+        ds = dataset(packed_copy, mode=mode)
     loader = make_loader(ds, num_workers=num_workers)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        keys = flat(lookup_many.run_keys(loader))
-    assert len(keys) == ds.num_samples, "the batch count and sizes hold: lost samples are made up"
-    assert len(set(keys)) < ds.num_samples
-    assert ds.truncated_shards == 1
-    if num_workers == 0:  # a worker's warnings print in the worker
-        assert any(f"shard {shard.name} ended after sample" in str(w.message) for w in caught)
+        batches = lookup_many.run_keys(loader)
+    keys = flat(batches)
+    assert 0 < ds.lost_samples < shard.samples
+    if mode == "train":  # lost samples are made up: the batch count and sizes hold
+        assert len(batches) == len(loader) and len(keys) == ds.num_samples
+        assert len(set(keys)) == ds.num_samples - ds.lost_samples
+    else:  # eval makes nothing up, and says what the pass lacked
+        assert len(keys) == len(set(keys)) == ds.num_samples - ds.lost_samples
+    how = "made up by repeating others" if mode == "train" else "missing from this pass"
+    lost = [str(w.message) for w in caught if "were lost to truncated" in str(w.message)]
+    assert len(lost) == 1 and f"epoch 0: {ds.lost_samples} planned sample(s)" in lost[0] and how in lost[0]
+    if num_workers == 0:  # a worker's own warnings print in the worker
+        assert any(f"shard {shard.name} holds only" in str(w.message) for w in caught)
+    assert loader.epoch == 1
 
 
 def test_missing_shard_fails_at_construction_naming_it(packed_copy):

@@ -42,7 +42,7 @@ def test_truncated_shard_yields_what_it_has_and_reports_once(shard, tmp_path):
     samples = list(read_run(cut, 0, n, on_truncated=reports.append))
     assert 0 < len(samples) < n
     assert len(reports) == 1
-    assert path.name in reports[0] and f"ended after sample {len(samples)}" in reports[0]
+    assert path.name in reports[0] and f"holds only {len(samples)} readable sample" in reports[0]
     with pytest.warns(RuntimeWarning, match="truncated"):
         assert len(list(read_run(cut, 0, n))) == len(samples)
 
@@ -101,4 +101,5 @@ def test_a_damaged_header_ends_the_shard_with_a_report(shard, tmp_path):
     reports = []
     samples = list(read_run(bad, 0, n, on_truncated=reports.append))
     assert len(samples) == 10 and len(reports) == 1
-    assert "ended after sample 10 of the" in reports[0]
+    assert "holds only 10 readable sample(s)" in reports[0]
+    assert f"{n - 10} of the {n} samples [0, {n}) read here are lost" in reports[0]

@@ -56,8 +56,9 @@ def rewrite_shard(ds: Path, index: int, edit) -> tuple[str, int]:
     return entry["name"], entry["samples"]
 
 
-def one_pass(ds: Path, workers: int, **kwargs) -> tuple[ShardDataset, list, list[str]]:
-    dataset = ShardDataset(ds, mode="eval", batch_size=4, image_size=32, **kwargs)
+def one_pass(ds: Path, workers: int, mode: str = "train", **kwargs) -> tuple[ShardDataset, list, list[str]]:
+    # Train mode keeps len() batches on every rank whatever is lost; eval yields what there is, once.
+    dataset = ShardDataset(ds, mode=mode, batch_size=4, image_size=32, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = list(make_loader(dataset, num_workers=workers))
@@ -83,11 +84,14 @@ def test_labels_outside_the_classes_are_corrupt_samples_skipped_and_counted(ds, 
     assert len(batches) == len(dataset), "the batch count holds"
     assert all(0 <= label < 4 for b in batches for label in b.labels.tolist())
     assert len(keys) >= 5 and dataset.corrupt_skipped == len(keys)
+    evaluated, batches, _ = one_pass(ds, workers, mode="eval")
+    assert sum(len(b.labels) for b in batches) == evaluated.num_samples - len(keys)
     if workers == 0:
         assert any("label 4, outside the index's classes 0..3" in m for m in messages)
         assert any("a .cls that is not a label: b'-3'" in m for m in messages)
+    # Train mode shuffles: the first bad label met is any of them.
     with pytest.raises(
-        CorruptImageError, match=f"sample '{keys[0]}' in shard .* has a .cls that is not a label"
+        CorruptImageError, match=f"sample '({'|'.join(keys)})' in shard .* (has a .cls|has label)"
     ):
         one_pass(ds, workers, on_error="raise")
 
@@ -126,15 +130,16 @@ def test_a_member_declaring_8_gib_is_refused_before_it_is_allocated(ds, tmp_path
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_shard_that_became_a_directory_is_skipped_and_counted(ds, workers):
-    dataset = ShardDataset(ds, mode="eval", batch_size=4, image_size=32)
-    raising = ShardDataset(ds, mode="eval", batch_size=4, image_size=32, on_error="raise")
+    dataset = ShardDataset(ds, mode="train", batch_size=4, image_size=32)
+    raising = ShardDataset(ds, mode="train", batch_size=4, image_size=32, on_error="raise")
     name = dataset.split_info.shards[1].name
     (ds / name).unlink()
     (ds / name).mkdir()  # after construction: the worker finds it
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         batches = list(make_loader(dataset, num_workers=workers))
-    assert len(batches) == len(dataset) and dataset.unreadable_shards == 1
+    # Counted per read of it: blocks of one shard go to several workers (block-cyclic partition).
+    assert len(batches) == len(dataset) and dataset.unreadable_shards >= 1
     with pytest.raises(ShardReadError, match=f"cannot read shard .*{name}: .* is a directory"):
         list(make_loader(raising, num_workers=workers))
 
@@ -158,7 +163,7 @@ def test_a_directory_or_fifo_shard_fails_at_construction_naming_it(ds):
 _FIFO_IN_TRAINING = """
 import os, sys, warnings
 from imgshards.loader import ShardDataset, ShardReadError, make_loader
-kwargs = dict(mode="eval", batch_size=4, image_size=32)
+kwargs = dict(mode="train", batch_size=4, image_size=32)
 skipping, raising = ShardDataset(sys.argv[1], **kwargs), ShardDataset(sys.argv[1], on_error="raise", **kwargs)
 name = skipping.split_info.shards[1].name
 os.unlink(os.path.join(sys.argv[1], name))
@@ -179,4 +184,4 @@ def test_a_shard_that_became_a_fifo_never_blocks_a_worker(ds):
     )
     assert done.returncode == 0, done.stderr
     _, got, expected, _, unreadable, _, named = done.stdout.split()
-    assert got == expected and unreadable == "1" and named == "True"
+    assert got == expected and int(unreadable) >= 1 and named == "True"

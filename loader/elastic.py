@@ -1,0 +1,187 @@
+"""Epoch plans across resumes onto another world size or worker count (elastic resume).
+
+An epoch may run in *stages*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
+after every rank delivered ``k1`` batches, the next at ``W2`` / ``N2`` over what is left, and so on.
+A stage is the triple ``(world_size, num_workers, batches delivered per rank)``; the finished stages
+of an epoch and the seed fix everything else:
+
+- The samples a stage delivered are a pure function of its plan and the count: each worker's sample
+  order is the interleave-and-shuffle of :mod:`.pipeline` run on sample *positions* instead of
+  samples, so it is recomputed here from indices, without reading a shard (:func:`remaining`).
+- The next stage deals the samples not yet delivered, in the epoch's shard order, to its ranks and
+  workers in blocks, as :func:`.partition.worker_plan` deals a fresh epoch: every rank gets the
+  same number of batches, and every remaining sample comes exactly once (ranks may hold one sample
+  more or less; see :func:`stage_counts`). Reads skip the delivered samples without decoding them.
+
+Without finished stages the plan is :func:`.partition.worker_plan`'s, so a resume onto the same
+topology continues the same plan exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import islice
+
+import numpy as np
+
+from . import partition
+from .partition import Segment, WorkerPlan
+from .pipeline import sample_stream
+from .shuffle import worker_rng
+
+__all__ = ["Layout", "Stage", "plan", "rank_batches", "remaining", "stage_counts"]
+
+from .state import Stage
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What fixes a train epoch's order, besides the epoch, the ranks and the workers."""
+
+    shard_samples: tuple[int, ...]
+    seed: int
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    shuffle_buffer: int
+    shuffle_initial: int
+
+
+def plan(
+    layout: Layout,
+    *,
+    epoch: int,
+    stages: Sequence[Stage],
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+) -> WorkerPlan:
+    """What worker ``(rank, worker)`` reads in ``epoch`` after the finished ``stages`` (train mode)."""
+    if not stages:
+        return partition.worker_plan(
+            layout.shard_samples,
+            seed=layout.seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            batch_size=layout.batch_size,
+            train=True,
+            drop_last=layout.drop_last,
+            shuffle=layout.shuffle,
+        )
+    left = remaining(layout, epoch, tuple(stages))
+    return _stage_plan(
+        layout, epoch, left, rank=rank, world_size=world_size, worker=worker, num_workers=num_workers
+    )
+
+
+def stage_counts(left: int, world_size: int, batch_size: int) -> tuple[list[int], int]:
+    """Samples of each rank and the batches of every rank, for ``left`` samples to deal.
+
+    Ranks take ``left // W`` or one more sample, all in the same number of batches; that needs at
+    least one sample a rank and two a batch when ranks differ, else the ``left mod W`` extra
+    samples wait (they are not delivered this epoch, as in any train epoch).
+    """
+    q, m = divmod(left, world_size)
+    if m and (q == 0 or batch_size < 2):
+        m = 0
+    samples = [q + (r < m) for r in range(world_size)]
+    return samples, math.ceil(max(samples, default=0) / batch_size)
+
+
+def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Stage], world_size: int) -> int:
+    """Batches each rank yields in the stage after ``stages`` (the whole epoch without stages)."""
+    if not stages:
+        total = sum(layout.shard_samples)
+        kw = dict(batch_size=layout.batch_size, train=True, drop_last=layout.drop_last)
+        return partition.rank_batches(total, world_size=world_size, **kw)[0]  # type: ignore[arg-type]
+    return stage_counts(len(remaining(layout, epoch, tuple(stages))), world_size, layout.batch_size)[1]
+
+
+@functools.lru_cache(maxsize=4)
+def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarray:
+    """Sorted virtual positions (shards in the epoch's order) of the samples the stages did not deliver."""
+    total = sum(layout.shard_samples)
+    world_size = stages[0][0]
+    first = [
+        plan(layout, epoch=epoch, stages=(), rank=r, world_size=world_size, worker=0, num_workers=1)
+        for r in range(world_size)
+    ]
+    keep = np.zeros(total, dtype=bool)
+    base = _shard_bases(layout, epoch)
+    for p in first:
+        for seg in p.segments:
+            keep[base[seg.shard] + seg.start : base[seg.shard] + seg.stop] = True
+    left = np.flatnonzero(keep)
+    for i, (w, n, k) in enumerate(stages):
+        for r in range(w):
+            for worker, count in enumerate(partition.delivered_by_worker(k, n)):
+                p = _stage_plan(
+                    layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, stage=i
+                )
+                done = _stream_positions(layout, epoch, p, base, rank=r, worker=worker, stage=i)
+                keep[list(islice(done, sum(p.sizes[:count])))] = False
+        left = np.flatnonzero(keep)
+    return left
+
+
+def _stage_plan(
+    layout: Layout,
+    epoch: int,
+    left: np.ndarray,
+    *,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    stage: int | None = None,
+) -> WorkerPlan:
+    if stage == 0:
+        return plan(
+            layout,
+            epoch=epoch,
+            stages=(),
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+        )
+    samples, batches = stage_counts(len(left), world_size, layout.batch_size)
+    sizes = [partition.rank_batch_sizes(s, batches, layout.batch_size) for s in samples]
+    counts = [sum(s[w::num_workers]) for s in sizes for w in range(num_workers)]
+    block = partition.block_size(sum(counts), len(counts))
+    order = partition.shard_order(
+        len(layout.shard_samples), seed=layout.seed, epoch=epoch, shuffle=layout.shuffle
+    )
+    runs: list[Segment] = []
+    for a, b in partition.deal(counts, block, rank * num_workers + worker):
+        runs += partition.positions_to_segments(order, layout.shard_samples, left[a:b])
+    return WorkerPlan(segments=tuple(runs), sizes=tuple(sizes[rank][worker::num_workers]))
+
+
+def _shard_bases(layout: Layout, epoch: int) -> np.ndarray:
+    """Virtual position of each shard's first sample in the epoch's order, by shard number."""
+    order = partition.shard_order(
+        len(layout.shard_samples), seed=layout.seed, epoch=epoch, shuffle=layout.shuffle
+    )
+    sizes = np.asarray(layout.shard_samples, dtype=np.int64)[order]
+    base = np.empty(len(order), dtype=np.int64)
+    base[order] = np.cumsum(sizes) - sizes
+    return base
+
+
+def _stream_positions(layout, epoch, p: WorkerPlan, base: np.ndarray, *, rank: int, worker: int, stage: int):
+    """The worker's sample order as positions: what its pass yields, replayed on indices."""
+    runs = [
+        iter([int(base[seg.shard]) + i for i in range(seg.start, seg.stop) if i not in seg.skip])
+        for seg in p.segments
+    ]
+    rng = worker_rng(layout.seed, epoch, rank, worker, stage) if layout.shuffle else None
+    sizes = [len(seg) for seg in p.segments]
+    return sample_stream(runs, sizes, rng, buffer=layout.shuffle_buffer, initial=layout.shuffle_initial)

@@ -1,0 +1,164 @@
+"""Resume states: what fixes an epoch's order, checked when a saved state is loaded.
+
+:class:`~imgshards.loader.ShardLoader` saves ``(epoch, finished stages, batches delivered)`` and
+:class:`~imgshards.loader.ShardDataset`, through torchdata's ``Stateful`` protocol, one worker's
+part of that; both carry the settings below, and a state made with other settings is refused with
+the difference named (world size and worker count may differ for a ``ShardLoader``: see
+:mod:`.elastic`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch.utils.data import get_worker_info
+
+from .control import CORRUPT, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
+from .errors import ConfigError, ResumeError
+
+__all__ = ["STATE_VERSION", "EpochState", "Stage", "check_settings", "settings"]
+
+Stage = tuple[int, int, int]  # (world_size, num_workers, batches each rank delivered): see .elastic
+
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+
+
+def settings(dataset: Any) -> dict[str, Any]:
+    """The settings of ``dataset`` that fix the order of its epochs, but for the topology."""
+    return {
+        "samples": dataset.num_samples,
+        "batch_size": dataset.batch_size,
+        "seed": dataset.seed,
+        "mode": dataset.mode,
+        "shuffle": dataset.shuffle,
+        "shuffle_buffer": dataset.shuffle_buffer,
+        "shuffle_initial": dataset.shuffle_initial,
+        "drop_last": dataset.drop_last,
+    }
+
+
+def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], what: str) -> None:
+    """Raise :class:`ResumeError` unless ``state`` is a readable ``what`` state with the settings ``mine``."""
+    if not isinstance(state, Mapping) or "epoch" not in state or "version" not in state:
+        raise ResumeError(f"not a {what} state: {state!r}")
+    if state["version"] not in _READABLE_VERSIONS:
+        raise ResumeError(
+            f"{what} state version {state['version']!r}; this imgshards reads {_READABLE_VERSIONS}"
+        )
+    differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+    if differ:
+        detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
+        raise ResumeError(f"cannot resume: the {what} differs from the saved one ({detail})")
+
+
+class EpochState:
+    """The part of :class:`~imgshards.loader.ShardDataset` that says where its epoch is.
+
+    The epoch, the finished stages and the position live in the dataset's shared control, the one
+    record that the loader, the dataset and every worker read; the skip counters live there too.
+    ``state_dict`` / ``load_state_dict`` are torchdata's ``Stateful`` protocol for one worker.
+    """
+
+    _control: SharedControl
+    _progress: tuple[int, tuple[Stage, ...], int, int, int]
+    _pending: tuple[int, tuple[Stage, ...], int] | None
+    world_size: int
+    batch_size: int
+    seed: int
+    mode: str
+    shuffle: bool
+    shuffle_buffer: int
+    shuffle_initial: int
+    drop_last: bool
+
+    # ---- the epoch, shared with the workers ---------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass reads (or the one being read)."""
+        return self._control.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass read epoch ``epoch``; the same as :meth:`ShardLoader.set_epoch`.
+
+        Setting the epoch being read keeps its position (a pass resumes where it was stopped);
+        another epoch starts from its beginning.
+        """
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._control.epoch:
+            self._set_position(epoch, (), 0)
+
+    def _set_position(self, epoch: int, stages: tuple[Stage, ...], batches: int) -> None:
+        """Make the next pass read ``epoch`` after its finished ``stages``, from batch ``batches`` on."""
+        if len(stages) > MAX_STAGES:
+            raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
+        self._control.epoch, self._control.stages = epoch, stages
+        self._control.resume = self._control.delivered = batches
+
+    # ---- torchdata's Stateful protocol (one worker's part of an epoch) ------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process's pass is: the epoch and the batches it made (torchdata ``Stateful``).
+
+        Called by ``torchdata.stateful_dataloader.StatefulDataLoader`` in each worker after each
+        batch; :meth:`load_state_dict` in a new worker continues from there without decoding what
+        it skips. With :func:`~imgshards.loader.make_loader`, save ``loader.state_dict()`` instead.
+        """
+        epoch, stages, worker, num_workers, batches = self._progress
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "stages": [list(s) for s in stages],
+            "worker": worker,
+            "num_workers": num_workers,
+            "batches": batches,
+            "world_size": self.world_size,
+            **settings(self),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make this process's next pass continue the pass ``state`` describes (torchdata ``Stateful``).
+
+        Raises:
+            ResumeError: ``state`` is not a dataset state, or comes from other settings, world size
+                or worker count.
+
+        """
+        check_settings(state, {**settings(self), "world_size": self.world_size}, "ShardDataset")
+        if "worker" not in state:
+            raise ResumeError("a ShardLoader state goes to loader.load_state_dict, not the dataset's")
+        info = get_worker_info()
+        num_workers = info.num_workers if info is not None else 1
+        if state["num_workers"] != num_workers:
+            raise ResumeError(f"num_workers: saved {state['num_workers']!r}, now {num_workers}")
+        stages = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
+        self._pending = (int(state["epoch"]), stages, int(state["batches"]))
+        self._control.epoch, self._control.stages = self._pending[0], stages
+
+    # ---- counters -------------------------------------------------------------------------------
+
+    @property
+    def corrupt_skipped(self) -> int:
+        """Images skipped because they did not decode, over all passes so far (all workers)."""
+        return self._control.total(CORRUPT)
+
+    @property
+    def truncated_shards(self) -> int:
+        """Reads of a shard that ended before its index said it would, over all passes so far."""
+        return self._control.total(TRUNCATED)
+
+    @property
+    def unreadable_shards(self) -> int:
+        """Times a remote shard was skipped because it could not be read, over all passes so far."""
+        return self._control.total(UNREADABLE)
+
+    @property
+    def lost_samples(self) -> int:
+        """Planned samples that damaged or unreadable shards did not give, over all passes so far.
+
+        In train mode they were made up by repeating others; in eval mode they are missing.
+        """
+        return self._control.total(LOST)

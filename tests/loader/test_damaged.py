@@ -1,0 +1,138 @@
+"""Damaged shards never hang a DDP job: every train rank yields ``len()`` batches, whatever is lost.
+
+The reproductions of issue 13, on real shards damaged on disk. Ranks are emulated with ``rank=`` /
+``world_size=``; workers either as real DataLoader workers or, for many of them, by running each
+worker's share in this process (``_batches``), which is what a worker process runs.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tarfile
+import warnings
+
+import pytest
+import torch
+
+from imgshards.converter.manifest import read_manifest
+from imgshards.loader import ShardDataset, ShardReadError, make_loader
+
+IDENTITY = torch.nn.Identity()
+
+
+def batches_per_worker(ds, num_workers, epoch=0, caught=None):
+    """Every batch of the rank, made worker by worker in this process (what worker processes run)."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        out = [list(ds._batches(epoch, (), 0, w, num_workers, pool=None)) for w in range(num_workers)]
+    if caught is not None:
+        caught += [str(w.message) for w in got]
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_shards(tree_factory, packed_factory):
+    """370 images in 2 shards, about 231 + 139, as in the issue."""
+    src = tree_factory(classes=5, per_class=74, seed=11)
+    per_sample = sum(-(-p.stat().st_size // 512) * 512 + 2048 for p in src.rglob("*.JPEG")) / 370
+    root = packed_factory(src, shard_size=int(per_sample * 231.5))
+    shards = read_manifest(root).split("train").shards
+    assert len(shards) == 2 and 200 < shards[0].samples < 260
+    return root
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_a_shard_cut_in_its_sixth_sample_leaves_both_ranks_len_batches(two_shards, tmp_path):
+    root = tmp_path / "cut"
+    shutil.copytree(two_shards, root)
+    first = read_manifest(root).split("train").shards[0]
+    data = (root / first.name).read_bytes()
+    with tarfile.open(root / first.name) as tar:
+        members = tar.getmembers()
+    sixth = [m for m in members if m.name.endswith(".jpg")][5]
+    (root / first.name).write_bytes(data[: sixth.offset_data + 100])
+    counts, lost = [], 0
+    for rank in range(2):
+        with pytest.warns(RuntimeWarning, match="the index says"):
+            ds = ShardDataset(root, batch_size=16, rank=rank, world_size=2, transform=IDENTITY)
+        loader = make_loader(ds, num_workers=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sizes = [len(b.labels) for b in loader]
+        assert len(sizes) == len(loader) == 12 and sum(sizes) == 185
+        counts.append(len(sizes))
+        lost += ds.lost_samples
+    assert lost == first.samples - 5, "every lost sample is counted once"
+    # The worker's warning says what the shard holds, not where the worker's own range began.
+    with pytest.warns(RuntimeWarning, match="the index says"):
+        ds = ShardDataset(root, batch_size=16, transform=IDENTITY, rank=0, world_size=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(make_loader(ds, num_workers=0))
+    messages = [str(w.message) for w in caught if first.name in str(w.message)]
+    assert messages and all(f"shard {first.name} holds only 5 readable sample(s)" in m for m in messages)
+
+
+@pytest.fixture(scope="module")
+def ten_shards(loader_tree, packed_factory):
+    size = sum(-(-p.stat().st_size // 512) * 512 + 2048 for p in loader_tree.rglob("*.JPEG"))
+    root = packed_factory(loader_tree, shard_size=size // 9)
+    assert 9 <= len(read_manifest(root).split("train").shards) <= 11
+    return root
+
+
+def damaged_copy(root, dst, damage, which):
+    shutil.copytree(root, dst)
+    shards = read_manifest(dst).split("train").shards
+    for i in which:
+        path = dst / shards[i].name
+        if damage == "random":
+            path.write_bytes(random.Random(i).randbytes(shards[i].bytes))
+        else:
+            path.write_bytes(path.read_bytes()[:4096])
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["random", "cut"])
+@pytest.mark.parametrize("bad", ["one", "all but one"])
+def test_every_rank_of_eight_by_two_yields_len_batches(ten_shards, tmp_path, damage, bad):
+    n = len(read_manifest(ten_shards).split("train").shards)
+    which = [3] if bad == "one" else [i for i in range(n) if i != 3]
+    root = damaged_copy(ten_shards, tmp_path / "bad", damage, which)
+    caught: list[str] = []
+    for epoch in range(2):
+        for rank in range(8):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = ShardDataset(root, batch_size=2, rank=rank, world_size=8, transform=IDENTITY)
+            per_worker = batches_per_worker(ds, 2, epoch, caught)
+            assert sum(map(len, per_worker)) == len(ds) == 7, (epoch, rank)
+            assert all(len(b.labels) == 2 for w in per_worker for b in w)
+    # With one good shard left, some workers lost every sample of their plan and made up from it.
+    assert any("lost every sample of its plan" in m for m in caught) == (bad == "all but one")
+
+
+def test_with_every_shard_unreadable_every_rank_fails_saying_so(ten_shards, tmp_path):
+    n = len(read_manifest(ten_shards).split("train").shards)
+    root = damaged_copy(ten_shards, tmp_path / "bad", "random", range(n))
+    for rank in (0, 5):
+        ds = ShardDataset(root, batch_size=2, rank=rank, world_size=8, transform=IDENTITY)
+        with pytest.raises(ShardReadError, match=r"no shard of split 'train' .* holds a readable sample"):
+            batches_per_worker(ds, 2)
+
+
+def test_eval_makes_nothing_up_and_counts_what_it_lacks(ten_shards, tmp_path):
+    root = damaged_copy(ten_shards, tmp_path / "bad", "random", [3])
+    lost = read_manifest(root).split("train").shards[3].samples
+    seen, missing = 0, 0
+    for rank in range(3):
+        ds = ShardDataset(root, batch_size=4, mode="eval", rank=rank, world_size=3, transform=IDENTITY)
+        loader = make_loader(ds, num_workers=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            seen += sum(len(b.labels) for b in loader)
+        missing += ds.lost_samples
+        if ds.lost_samples:
+            assert any(f"{ds.lost_samples} planned sample(s) were lost" in str(w.message) for w in caught)
+    assert missing == lost and seen == ds.num_samples - lost
