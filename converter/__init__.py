@@ -4,10 +4,11 @@
 """
 
 from .check import Check, Reason
+from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
 from .errors import DestinationError, ImgshardsError, ManifestError, SourceError, SplitFileError
 from .formats import reader_warnings
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from .pack import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult, pack
+from .pack import pack
 from .readorder import ReadOrder
 from .remote import pack_to_url, verify_url
 from .scan import IMG_EXTENSIONS, ScanResult, scan_tree

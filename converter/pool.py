@@ -7,13 +7,27 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-__all__ = ["add_progress", "default_workers", "progress", "shared_counter", "start_pool", "worker_state"]
+from tqdm.auto import tqdm
+
+__all__ = [
+    "Progress",
+    "add_progress",
+    "default_workers",
+    "progress",
+    "run_tasks",
+    "shared_counter",
+    "start_pool",
+    "worker_state",
+]
 
 _state: dict[str, Any] = {}
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def default_workers() -> int:
@@ -87,3 +101,42 @@ def start_pool(workers: int, state: dict[str, Any] | None = None) -> ProcessPool
     noop: Callable[[], int] = os.getpid
     pool.submit(noop).result()  # with fork, the first task launches every worker
     return pool
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress bar of files: its label, its total, and whether to show it."""
+
+    desc: str
+    total: int
+    enabled: bool
+
+
+def run_tasks(
+    pool: ProcessPoolExecutor,
+    workers: int,
+    fn: Callable[[T], R],
+    tasks: Iterator[T],
+    counter: Any,
+    bar: Progress,
+) -> Iterator[tuple[T, R]]:
+    """Run ``fn`` over ``tasks`` in the pool and yield each task with its result as they finish.
+
+    Only a few tasks per worker are queued at a time (each holds its paths). The progress bar shows
+    the files the workers count in ``counter``.
+    """
+    counter.get_obj().value = 0  # no worker is running a task yet
+    in_flight: dict[Future[R], T] = {}
+    with tqdm(total=bar.total, desc=bar.desc, unit=" img", disable=not bar.enabled, smoothing=0.1) as shown:
+        while True:
+            for task in tasks:
+                in_flight[pool.submit(fn, task)] = task
+                if len(in_flight) >= 2 * workers:
+                    break
+            if not in_flight:
+                break
+            done, _ = wait(in_flight, timeout=0.25, return_when=FIRST_COMPLETED)
+            shown.n = progress(counter)
+            shown.refresh()
+            for future in done:
+                yield in_flight.pop(future), future.result()

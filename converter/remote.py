@@ -45,9 +45,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .config import PackConfig, PackHooks, PackResult
+from .destination import STATE_DIR
 from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
-from .pack import STATE_DIR, PackConfig, PackHooks, PackResult, pack
+from .pack import pack
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 

@@ -1,0 +1,159 @@
+"""What ``pack`` is asked to do, what a remote destination plugs in, and what a run did.
+
+:class:`PackConfig`, :class:`PackHooks` and :class:`PackResult`, apart from the run itself
+(:mod:`.pack`) so that the destination's state (:mod:`.destination`) and the remote packer
+(:mod:`.remote`) can name them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .check import Check
+from .manifest import Manifest, SplitInfo
+from .readorder import ReadOrder
+from .splits import SPLIT_CHARS
+from .write import ShardRecord
+
+__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult"]
+
+DEFAULT_SHARD_SIZE = 256 * 10**6
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackConfig:
+    """How to pack a tree. Fields other than workers, read_order, overwrite, progress shape the output.
+
+    Attributes:
+        split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
+            digits and underscores. With ``val_fraction``, the split of the rest of the tree.
+        shard_size: Shards are closed before they pass this many bytes (at least one sample each).
+        seed: Seed of the global shuffle that mixes classes across shards.
+        check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
+            (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.
+        resize: Re-encode images as RGB JPEGs with the shorter side at most this many pixels
+            (never upscaled); ``None`` stores the original bytes.
+        quality: JPEG quality of re-encoded images.
+        keep_formats: Store every image's own bytes under the extension of its format, instead of
+            one format per split (see :mod:`imgshards.converter.formats`).
+        val_fraction: Also write a held-out split ``val_split`` of about this share of each class
+            (stratified, seeded by ``seed``; see :mod:`imgshards.converter.splits`).
+        val_split: Name of the held-out split.
+        split_file: A JSON file mapping split names to the tree's paths in them; the splits packed
+            are its keys (``split`` is then unused).
+        workers: Worker processes writing shards; ``None`` for one per core.
+        read_order: ``"disk"`` (gather the tree in inode order first), ``"plan"`` (read each shard's
+            files straight from the tree) or ``"auto"`` (``plan`` when the tree is in the page cache).
+        overwrite: Replace a split packed into ``dst`` with other arguments or from another tree.
+        progress: Show progress bars on stderr.
+
+    """
+
+    split: str = "train"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    seed: int = 0
+    check: Check | str = Check.HEADER
+    resize: int | None = None
+    quality: int = 90
+    keep_formats: bool = False
+    val_fraction: float | None = None
+    val_split: str = "val"
+    split_file: str | os.PathLike[str] | None = None
+    workers: int | None = None
+    read_order: ReadOrder | str = ReadOrder.AUTO
+    overwrite: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value in (("split", self.split), ("val_split", self.val_split)):
+            if not value or not set(value) <= SPLIT_CHARS:
+                raise ValueError(f"{name} must be lower-case letters, digits and '_', got {value!r}")
+        if self.val_fraction is not None:
+            if not 0 < self.val_fraction < 1:
+                raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+            if self.val_split == self.split:
+                raise ValueError(f"val_split must differ from split, both are {self.split!r}")
+            if self.split_file is not None:
+                raise ValueError("give val_fraction or split_file, not both: a split file names every split")
+        try:
+            object.__setattr__(self, "read_order", ReadOrder(self.read_order))
+        except ValueError:
+            allowed = ", ".join(r.value for r in ReadOrder)
+            raise ValueError(f"read_order must be one of {allowed}; got {self.read_order!r}") from None
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be a positive number of bytes, got {self.shard_size}")
+        try:
+            object.__setattr__(self, "check", Check(self.check))
+        except ValueError:
+            allowed = ", ".join(c.value for c in Check)
+            raise ValueError(f"check must be one of {allowed}; got {self.check!r}") from None
+        if self.resize is not None and self.resize < 1:
+            raise ValueError(f"resize must be a positive number of pixels, got {self.resize}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be between 1 and 100, got {self.quality}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+
+    def output_args(self, src: Path) -> dict[str, Any]:
+        """The arguments that shape the output, as recorded in the index."""
+        check = self.check.value if isinstance(self.check, Check) else self.check
+        return {
+            "source": str(src),
+            "seed": self.seed,
+            "shard_size": self.shard_size,
+            "check": check,
+            "resize": self.resize,
+            "quality": self.quality if self.resize is not None else None,
+            "keep_formats": self.keep_formats,
+            "val_fraction": self.val_fraction,
+            "val_split": self.val_split if self.val_fraction is not None else None,
+            "split_file": str(Path(self.split_file).resolve()) if self.split_file is not None else None,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackHooks:
+    """Where a destination other than the output directory plugs in (see :mod:`.remote`).
+
+    Attributes:
+        stored: Asked about a shard recorded as finished whose file is not in the output directory;
+            True when it is stored elsewhere (uploaded), so it counts as done without a re-hash.
+        on_shard: Called with the path and record of each shard this run writes, once both are
+            committed, in the order they finish.
+
+    """
+
+    stored: Callable[[ShardRecord], bool] = lambda record: False
+    on_shard: Callable[[Path, ShardRecord], None] = lambda path, record: None
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What a ``pack`` run did (``dst`` is a URL for a remote destination).
+
+    ``split`` is the first split the run packed, ``splits`` all of them (one unless the tree was
+    split); ``read_order`` how the tree was read (``disk`` or ``plan``).
+    """
+
+    dst: Path | str
+    split: str
+    manifest: Manifest
+    shards_written: int
+    shards_reused: int
+    seconds: float
+    splits: tuple[str, ...] = ()
+    read_order: str = ReadOrder.DISK.value
+
+    @property
+    def info(self) -> SplitInfo:
+        """The (first) packed split, as recorded in the index."""
+        return self.manifest.split(self.split)
+
+    @property
+    def infos(self) -> list[SplitInfo]:
+        """Every split this run packed, as recorded in the index."""
+        return [self.manifest.split(name) for name in self.splits or (self.split,)]

@@ -1,0 +1,143 @@
+"""The destination's own state: locks, the record of each split's plan and finished shards, the index.
+
+``DST/.imgshards/<split>/`` holds ``plan.json`` (the arguments and a fingerprint of the scanned tree)
+and one record per finished shard; ``DST/.imgshards/rejects/<split>.jsonl`` the split's rejects,
+under a hidden folder so that no reader's shard pattern (``train-*``, Hugging Face's
+``**/train[-._ 0-9]*``) picks it up. A run continues the plan it finds, or refuses to mix two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import DestinationError, ManifestError
+from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
+from .plan import Plan
+from .scan import ScanResult
+from .write import ShardRecord, write_atomic
+
+__all__ = [
+    "REJECTS_DIR",
+    "STATE_DIR",
+    "check_classes",
+    "clear_split",
+    "locked",
+    "prepare",
+    "recorded",
+    "rejects_name",
+    "shard_name",
+    "write_index",
+]
+
+STATE_DIR = ".imgshards"
+REJECTS_DIR = f"{STATE_DIR}/rejects"
+
+
+@contextlib.contextmanager
+def locked(path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DestinationError(busy) from None
+        yield
+
+
+def check_classes(dst: Path, splits: tuple[str, ...], scan: ScanResult) -> None:
+    """Refuse splits whose classes differ from those of the other splits already in ``dst``."""
+    if not (dst / INDEX_NAME).exists():
+        return
+    existing = read_manifest(dst)
+    others = sorted(s for s in existing.splits if s not in splits)
+    if others and existing.classes != scan.classes:
+        extra = sorted(set(scan.classes) - set(existing.classes))
+        missing = sorted(set(existing.classes) - set(scan.classes))
+        raise DestinationError(
+            f"the classes of {scan.root} differ from those of split(s) {', '.join(others)} in {dst} "
+            f"(new: {extra[:5] or 'none'}, missing: {missing[:5] or 'none'}); splits of one dataset "
+            "share one label index: pack into another destination, or fix the class directories"
+        )
+
+
+def prepare(dst: Path, state: Path, args: dict[str, Any], overwrite: bool, plan: Plan, split: str) -> None:
+    """Start a fresh split, continue an interrupted one, or refuse to mix two different ones."""
+    wanted = {"args": args, "fingerprint": plan.fingerprint, "shards": plan.num_shards}
+    plan_file = state / "plan.json"
+    previous = json.loads(plan_file.read_text()) if plan_file.exists() else None
+    leftovers = sorted(p.name for p in dst.glob(f"{split}-*.tar"))
+    if previous == wanted or (previous is None and not leftovers and not in_index(dst, split)):
+        pass
+    elif overwrite:
+        clear_split(dst, state, split)
+    else:
+        raise DestinationError(conflict(dst, split, previous, wanted, leftovers))
+    for stale in dst.glob(f".{split}-*.partial"):
+        stale.unlink()
+    write_atomic(plan_file, (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode())
+
+
+def in_index(dst: Path, split: str) -> bool:
+    try:
+        return split in read_manifest(dst).splits
+    except ManifestError:
+        return False
+
+
+def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
+    if previous is None:
+        what = f"{len(leftovers)} shards of split {split!r} not made by an interrupted run of this command"
+    elif previous["args"] != wanted["args"]:
+        diff = [
+            f"{k} {previous['args'].get(k)!r} -> {v!r}"
+            for k, v in wanted["args"].items()
+            if previous["args"].get(k) != v
+        ]
+        what = f"split {split!r} packed with other arguments ({'; '.join(diff)})"
+    else:
+        what = f"split {split!r} packed from a different tree (files were added, removed or changed since)"
+    return f"{dst} already holds {what}; pass --overwrite to replace it, or choose another destination"
+
+
+def clear_split(dst: Path, state: Path, split: str) -> None:
+    """Remove a split from ``dst``: its shards, rejects, records and its entry in the index."""
+    for path in [*dst.glob(f"{split}-*.tar"), dst / rejects_name(split), dst / f"{split}-rejects.jsonl"]:
+        path.unlink(missing_ok=True)  # the last: where rejects were written before 0.1.1
+    for path in state.iterdir():
+        if path.name != "lock":
+            path.unlink() if path.is_file() else shutil.rmtree(path)
+    if (dst / INDEX_NAME).exists():
+        with locked(dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
+            manifest = read_manifest(dst)
+            splits = {k: v for k, v in manifest.splits.items() if k != split}
+            write_index(dst, Manifest(manifest.classes, splits))
+
+
+def shard_name(split: str, i: int) -> str:
+    """The file name of shard ``i`` of ``split``."""
+    return f"{split}-{i:06d}.tar"
+
+
+def rejects_name(split: str) -> str:
+    """The rejects file of ``split``, relative to the destination."""
+    return f"{REJECTS_DIR}/{split}.jsonl"
+
+
+def recorded(state: Path, name: str) -> ShardRecord | None:
+    """The record of a shard finished by an earlier run, if there is one."""
+    record_file = state / f"{name}.json"
+    if not record_file.exists():
+        return None
+    return ShardRecord.from_json(json.loads(record_file.read_text()))
+
+
+def write_index(dst: Path, manifest: Manifest) -> None:
+    """Write the index and timm's ``_info.json`` atomically (call it holding the index lock)."""
+    write_atomic(dst / INDEX_NAME, manifest.dumps().encode())
+    write_atomic(dst / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
