@@ -107,7 +107,10 @@ def test_second_epoch_reads_from_the_cache(http_serve, remote_packed, key_of, tm
     dataset = eval_dataset(source)
     assert epoch_keys(dataset, key_of, workers=2) == all_keys(key_of)
     first = len(state.gets(".tar"))
-    assert first == sum(-(-s.bytes // CHUNK) for s in read_manifest(remote_packed).split("train").shards)
+    # Every chunk at least once. Two workers whose parts share a shard can both fetch some of it: one
+    # downloads it into the cache, the other streams what it needs meanwhile (whether their reads
+    # overlap in time depends on the machine's load), so the first epoch's count is not exact.
+    assert first >= sum(-(-s.bytes // CHUNK) for s in read_manifest(remote_packed).split("train").shards)
     assert epoch_keys(dataset, key_of, workers=2) == all_keys(key_of)
     assert len(state.gets(".tar")) == first  # no shard requested again
     assert sum(p.stat().st_size for p in (tmp_path / "cache").iterdir()) == total
