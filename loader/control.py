@@ -5,10 +5,13 @@ it across epochs), so anything the main process decides later, the epoch, the po
 the finished stages of an elastic resume, and anything a worker reports back, its skip counters and
 its free batch buffers, lives in one shared ``int64`` tensor laid out as::
 
-    [epoch, start, delivered, stage count, stages (3 each), counters (4 per worker slot), flags (8 a slot)]
+    [epoch, start, delivered, stage count, stages (3 each), the pass's epoch, stage count and stages,
+     counters (4 per worker slot), flags (8 a slot)]
 
 This tensor is the one record of the epoch: :class:`~imgshards.loader.ShardLoader` reads and
-writes the dataset's epoch, never a copy of its own.
+writes the dataset's epoch, never a copy of its own. The workers of a pass read the pass's own copy
+(:meth:`SharedControl.start_pass`, :meth:`SharedControl.pass_state`): a worker may start after the
+main process received the pass's last batch from the others and moved the record to the next epoch.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ CORRUPT, TRUNCATED, UNREADABLE, LOST = 0, 1, 2, 3
 
 MAX_STAGES = 16  # topology changes (elastic resumes) within one epoch
 _EPOCH, _RESUME, _DELIVERED, _NSTAGES, _STAGES = 0, 1, 2, 3, 4
-_COUNTERS = _STAGES + 3 * MAX_STAGES
+_PASS = _STAGES + 3 * MAX_STAGES  # the running pass's [epoch, stage count, stages]
+_COUNTERS = _PASS + 2 + 3 * MAX_STAGES
 _MAX_WORKER_SLOTS = 256
 _PER_WORKER = 4
 _POOL_BUFFERS = 8
@@ -48,18 +52,20 @@ class SharedControl:
     def epoch(self, epoch: int) -> None:
         self._t[_EPOCH] = epoch
 
-    @property
-    def resume(self) -> int:
-        """Batches of this rank's current stage the pass skips (delivered before it started).
+    def start_pass(self, resume: int) -> None:
+        """Fix what the pass starting now reads: the record's epoch and stages, from batch ``resume`` on.
 
-        Workers read it when their pass starts, which may be after the main process received the
-        first batches of other workers; so it changes only between passes (see :attr:`delivered`).
+        Workers read it (:meth:`pass_state`) when their pass starts, which may be after the main
+        process received the pass's first, or even last, batches from other workers; so it changes
+        only between passes, while the record (:attr:`epoch`, :attr:`delivered`) moves on.
         """
-        return int(self._t[_RESUME])
+        self._t[_PASS] = self._t[_EPOCH]
+        self._t[_PASS + 1 : _COUNTERS] = self._t[_NSTAGES:_PASS]
+        self._t[_RESUME] = resume
 
-    @resume.setter
-    def resume(self, batches: int) -> None:
-        self._t[_RESUME] = batches
+    def pass_state(self) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
+        """The running pass's epoch, finished stages and resume point (batches of its stage it skips)."""
+        return int(self._t[_PASS]), self._read_stages(_PASS + 1), int(self._t[_RESUME])
 
     @property
     def delivered(self) -> int:
@@ -73,8 +79,7 @@ class SharedControl:
     @property
     def stages(self) -> tuple[tuple[int, int, int], ...]:
         """The epoch's finished stages ``(world_size, num_workers, batches)`` (see :mod:`.elastic`)."""
-        flat = self._t[_STAGES : _STAGES + 3 * int(self._t[_NSTAGES])].tolist()
-        return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+        return self._read_stages(_NSTAGES)
 
     @stages.setter
     def stages(self, stages: tuple[tuple[int, int, int], ...]) -> None:
@@ -82,6 +87,10 @@ class SharedControl:
         self._t[_NSTAGES] = len(stages)
         if stages:
             self._t[_STAGES : _STAGES + 3 * len(stages)] = torch.tensor([x for s in stages for x in s])
+
+    def _read_stages(self, at: int) -> tuple[tuple[int, int, int], ...]:
+        flat = self._t[at + 1 : at + 1 + 3 * int(self._t[at])].tolist()
+        return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
 
     def count(self, worker: int, what: int, n: int = 1) -> None:
         """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""

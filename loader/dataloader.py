@@ -121,7 +121,7 @@ class ShardLoader:
             control.delivered = 0
         self._loaded = False
         epoch, delivered = ds.epoch, control.delivered
-        control.resume = delivered  # read by the workers as their pass starts
+        control.start_pass(delivered)  # what the workers read as their pass starts
         total = ds._stage_batches()
         corrupt, lost = ds.corrupt_skipped, ds.lost_samples
         if not self.dataloader.persistent_workers:
@@ -143,6 +143,7 @@ class ShardLoader:
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
             self._finish(epoch, corrupt, lost)
+        control.start_pass(0)  # every worker has ended this pass: the next reads the next epoch
 
     def _finish(self, epoch: int, corrupt: int, lost: int) -> bool:
         ds = self.dataset
@@ -166,7 +167,9 @@ class ShardLoader:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        ds._set_position(epoch + 1, (), 0)
+        # Workers that start late (on a busy machine, after the others made the pass's last batches)
+        # must still read this epoch: only the record moves on.
+        ds._set_position(epoch + 1, (), 0, mid_pass=True)
         return True
 
     def _give_back(self) -> None:

@@ -275,8 +275,8 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             (epoch, stages, first), self._pending = self._pending, None
             role = worker
         else:
-            # Read the shared state now: a DataLoader creates this iterator when a pass starts.
-            epoch, stages, resume = self._control.epoch, self._control.stages, self._control.resume
+            # Read the pass's shared state: a DataLoader creates this iterator when a pass starts.
+            epoch, stages, resume = self._control.pass_state()
             # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
             # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
             role = partition.resumed_worker(worker, resume, num_workers)

@@ -91,12 +91,20 @@ class EpochState:
         if epoch != self._control.epoch:
             self._set_position(epoch, (), 0)
 
-    def _set_position(self, epoch: int, stages: tuple[Stage, ...], batches: int) -> None:
-        """Make the next pass read ``epoch`` after its finished ``stages``, from batch ``batches`` on."""
+    def _set_position(
+        self, epoch: int, stages: tuple[Stage, ...], batches: int, *, mid_pass: bool = False
+    ) -> None:
+        """Make the next pass read ``epoch`` after its finished ``stages``, from batch ``batches`` on.
+
+        ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
+        read it as it was (a :class:`~imgshards.loader.ShardLoader` pass starts from the record).
+        """
         if len(stages) > MAX_STAGES:
             raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
         self._control.epoch, self._control.stages = epoch, stages
-        self._control.resume = self._control.delivered = batches
+        self._control.delivered = batches
+        if not mid_pass:
+            self._control.start_pass(batches)
 
     # ---- torchdata's Stateful protocol (one worker's part of an epoch) ------------------------
 
@@ -137,6 +145,7 @@ class EpochState:
         stages = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
         self._pending = (int(state["epoch"]), stages, int(state["batches"]))
         self._control.epoch, self._control.stages = self._pending[0], stages
+        self._control.start_pass(self._control.pass_state()[2])
 
     # ---- counters -------------------------------------------------------------------------------
 

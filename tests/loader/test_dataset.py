@@ -8,12 +8,14 @@ every image maps back to its sample key by its pixels.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections import Counter
 from itertools import islice
 
 import pytest
 import torch
+from torch.utils.data import get_worker_info
 
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
@@ -220,6 +222,34 @@ def test_resume_mid_epoch_continues_exactly(packed_many, lookup_many, num_worker
         tail = lookup_many.run_keys(resumed)
         assert head + tail == full, f"resume after {stop} batches"
         assert resumed.epoch == 3 and resumed.state_dict()["batches"] == 0
+
+
+def start_after_the_epoch_ends(worker_id: int) -> None:
+    """worker_init_fn: worker 2 starts only once the main process has moved on to the next epoch."""
+    info = get_worker_info()
+    assert info is not None
+    deadline = time.monotonic() + 30
+    while worker_id == 2 and info.dataset.epoch == 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_a_worker_starting_after_the_last_batch_reads_the_pass_epoch(packed_many, lookup_many):
+    """A busy machine: the main process gets the pass's last batch before a worker with none left starts.
+
+    After 7 of 8 batches only worker 1's last batch is left (DataLoader process 0 makes it); the epoch
+    is over as it arrives, and the late process 2 must still read epoch 2 (nothing left), not epoch 3.
+    """
+    kw = dict(rank=1, world_size=2)
+    full = run(packed_many, lookup_many, num_workers=3, epoch=2, **kw)
+    loader = make_loader(dataset(packed_many, **kw), num_workers=3)
+    loader.set_epoch(2)
+    head = lookup_many.run_keys(islice(loader, 7))
+    resumed = make_loader(dataset(packed_many, **kw), num_workers=3)
+    resumed.dataloader.worker_init_fn = start_after_the_epoch_ends
+    resumed.load_state_dict(loader.state_dict())
+    assert head + lookup_many.run_keys(resumed) == full
+    assert resumed.epoch == 3 and resumed.state_dict()["batches"] == 0
 
 
 def test_resume_gives_the_same_augmented_images(packed_many):
