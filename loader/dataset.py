@@ -321,9 +321,14 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             )
             after = plan.segments[0].shard if plan.segments else None
             where = f"split {self.split!r} at {self.root} (rank {self.rank})"
-            shards, classes = self.split_info.shards, len(self.manifest.classes)
             return read_elsewhere(
-                order, after, shards, self.source, limit=max(plan.sizes), num_classes=classes, what=where
+                order,
+                after,
+                self.split_info,
+                self.source,
+                limit=max(plan.sizes),
+                classes=self.classes,
+                what=where,
             )
 
         for k, samples in batched(
@@ -360,11 +365,11 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
 
         runs = read_runs(
             plan.segments,
-            self.split_info.shards,
+            self.split_info,
             self.source,
             on_truncated=on_truncated,
             on_unreadable=None if self.on_error == "raise" else on_unreadable,
-            num_classes=len(self.manifest.classes),
+            classes=self.manifest.classes,
             on_corrupt=self._on_corrupt(worker),  # a label outside the classes, no image...
             on_lost=lambda n: self._control.count(worker, LOST, n),
         )

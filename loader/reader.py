@@ -21,15 +21,16 @@ makes its sample corrupt (``on_corrupt``), never a label passed on.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from io import BufferedReader
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, cast
 
 from imgshards.converter.errors import ImgshardsError
-from imgshards.converter.manifest import IMAGE_EXTENSIONS
+from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource
 
 from .errors import CorruptImageError, ShardReadError
 
@@ -39,9 +40,7 @@ _BLOCK = 512
 _READ_BUFFER = 1 << 20
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 _REGULAR = (b"0", b"\0", b"7")
-_SKIPPED_EXTS = frozenset({"json"})
 _MAX_EXTENDED_HEADER = 1 << 20  # a pax or GNU long-name header: a path, a few keywords
-_MAX_LABEL_DIGITS = 20
 
 
 class RawSample(NamedTuple):
@@ -67,11 +66,15 @@ def read_run(
     opener: Callable[[], BinaryIO] | None = None,
     num_classes: int | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
+    labels: LabelSource | None = None,
+    class_to_idx: Mapping[str, int] | None = None,
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
     ``opener`` opens the shard (a remote one, see :class:`~imgshards.loader.remote.ShardSource`);
     without it ``path`` is a local file. The shard is opened at the first sample asked for.
+    ``labels`` says which member holds a sample's label (the split's, from the index; default
+    ``.cls``); ``class_to_idx`` maps class names to ids for labels that are names.
 
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
     damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
@@ -85,7 +88,8 @@ def read_run(
     expected, got, problem = stop - start, 0, ""
     readable = [0]  # complete samples the shard was seen to hold, counted by _samples
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
-        samples = _samples(cast(BufferedReader, f), start, stop, path.name, num_classes, readable)
+        labeled = _Labels(labels or LabelSource(), class_to_idx, num_classes)
+        samples = _samples(cast(BufferedReader, f), start, stop, path.name, labeled, readable)
         try:
             for sample in samples:
                 got += 1
@@ -117,7 +121,7 @@ def read_run(
 
 
 def _samples(
-    f: BufferedReader, start: int, stop: int, shard: str, num_classes: int | None, readable: list[int]
+    f: BufferedReader, start: int, stop: int, shard: str, labels: _Labels, readable: list[int]
 ) -> Generator[RawSample | CorruptImageError, None, None]:
     """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples.
 
@@ -139,10 +143,10 @@ def _samples(
         except ShardFormatError:
             # The sample before the damage counts as whole if it had a label and an image (its
             # members' sizes were all checked against the shard's real size).
-            complete = "cls" in exts and not _IMAGE_EXTS.isdisjoint(exts)
+            complete = labels.member in exts and not _IMAGE_EXTS.isdisjoint(exts)
             readable[0] = index + 1 if complete else max(index, 0)
             if complete and parts:
-                yield _to_raw(key, parts, shard, num_classes)
+                yield _to_raw(key, parts, shard, labels)
             raise
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
@@ -153,14 +157,14 @@ def _samples(
         if member_key != key:
             readable[0] = index + 1
             if parts:
-                yield _to_raw(key, parts, shard, num_classes)
+                yield _to_raw(key, parts, shard, labels)
                 parts = {}
             key, index = member_key, index + 1
             exts = set()
             if index >= stop:
                 return
         exts.add(ext)
-        if index < start or ext in _SKIPPED_EXTS:
+        if index < start or ext in labels.skipped:
             _skip(f, size)
             continue
         data = bytearray(size)
@@ -169,8 +173,10 @@ def _samples(
         _skip(f, size, size)
         parts[ext] = data
     if parts:
-        sample = _to_raw(key, parts, shard, num_classes)
-        if isinstance(sample, CorruptImageError) and ("cls" not in parts or _IMAGE_EXTS.isdisjoint(parts)):
+        sample = _to_raw(key, parts, shard, labels)
+        if isinstance(sample, CorruptImageError) and (
+            labels.member not in parts or _IMAGE_EXTS.isdisjoint(parts)
+        ):
             raise ShardFormatError(f"sample {key!r} is cut short")  # the shard ends inside it
         readable[0] = index + 1
         yield sample
@@ -257,18 +263,34 @@ def _text(name: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
+class _Labels:
+    """Which member of a sample holds its label (the split's, from the index), and how it is read."""
+
+    def __init__(
+        self, labels: LabelSource, class_to_idx: Mapping[str, int] | None, num_classes: int | None
+    ) -> None:
+        self.member = labels.member
+        self.num_classes = num_classes
+        # The .json member is read only when it holds the label (pack writes one for people).
+        self.skipped = frozenset() if labels.member == "json" else frozenset({"json"})
+        self.parse: Callable[[bytearray], int] = functools.partial(
+            labels.parse, class_to_idx=class_to_idx or {}
+        )
+
+
 def _to_raw(
-    key: str | None, parts: dict[str, bytearray], shard: str, num_classes: int | None
+    key: str | None, parts: dict[str, bytearray], shard: str, labels: _Labels
 ) -> RawSample | CorruptImageError:
     images = [ext for ext in parts if ext in _IMAGE_EXTS]
-    label = parts.get("cls")
+    label = parts.get(labels.member)
     if label is None or len(images) != 1:
-        return _corrupt(key, shard, f"members {sorted(parts)}, not one image and a .cls")
-    text = bytes(label[: _MAX_LABEL_DIGITS + 1]).strip()
-    if len(text) > _MAX_LABEL_DIGITS or not text.isdigit():
-        return _corrupt(key, shard, f"a .cls that is not a label: {bytes(label[:24])!r}")
-    value = int(text)
-    if num_classes is not None and value >= num_classes:
+        return _corrupt(key, shard, f"members {sorted(parts)}, not one image and a .{labels.member}")
+    try:
+        value = labels.parse(label)
+    except ValueError as e:  # says what the member holds
+        return _corrupt(key, shard, str(e))
+    num_classes = labels.num_classes
+    if num_classes is not None and not 0 <= value < num_classes:
         return _corrupt(key, shard, f"label {value}, outside the index's classes 0..{num_classes - 1}")
     ext = images[0]
     return RawSample(key=str(key), ext=ext, data=parts[ext], label=value, shard=shard)
