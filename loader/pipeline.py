@@ -57,6 +57,7 @@ def read_runs(
     classes: Sequence[str] | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
     on_lost: Callable[[int], None] = lambda n: None,
+    keep_all: bool = False,
 ) -> list[Iterator[RawSample]]:
     """One lazy run of raw samples per segment of ``split``, read from ``source`` in the given order.
 
@@ -65,6 +66,7 @@ def read_runs(
     :class:`ShardReadError` propagates. A run that ends short of its segment (damaged shard) tells
     ``on_lost`` how many of its samples it lacks. Labels are read as the split says (``.cls``, or a
     ``.json`` field); one that is not one of ``classes`` goes to ``on_corrupt`` (raises with None).
+    ``keep_all`` reads every member of a sample (else a ``.json`` that holds no label is skipped).
     """
     shards = split.shards
     class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
@@ -82,6 +84,7 @@ def read_runs(
             on_corrupt=on_corrupt,
             labels=split.labels,
             class_to_idx=class_to_idx,
+            keep_all=keep_all,
         )
         if seg.skip:
             run = _skipping(run, seg)

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from .control import CORRUPT, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
+from .control import CORRUPT, FILTERED, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
 from .errors import ConfigError, ResumeError
 
 __all__ = ["STATE_VERSION", "EpochState", "Stage", "check_settings", "settings"]
@@ -171,3 +171,12 @@ class EpochState:
         In train mode they were made up by repeating others; in eval mode they are missing.
         """
         return self._control.total(LOST)
+
+    @property
+    def filtered_samples(self) -> int:
+        """Samples the user's stages dropped, over all passes so far (all workers).
+
+        In train mode the raw stages' drops were made up by repeating kept samples (a batch keeps
+        its size); in eval mode they are missing from the pass, as are the image stages' drops.
+        """
+        return self._control.total(FILTERED)
