@@ -11,6 +11,7 @@ for images, labels in loader:
 dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, decode_on="cuda")
 """
 
+from . import stages
 from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
@@ -43,5 +44,6 @@ __all__ = [
     "decode",
     "make_loader",
     "preset",
+    "stages",
     "to_device",
 ]

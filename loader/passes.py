@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .dataset import ShardDataset
     from .state import Stage
 
-__all__ = ["position", "raw_samples", "run"]
+__all__ = ["finish", "on_corrupt", "position", "raw_batches", "raw_samples", "run"]
 
 _TAG_STAGES = 4  # seeds the user's raw stages per batch, apart from augmentation's seeds
 
@@ -70,8 +70,25 @@ def run(
     pool: BufferPool | None,
 ) -> Iterator[Batch | RawBatch]:
     """The batches of one pass: the stages of :mod:`.stages` as one ``wds.DataPipeline``."""
-    plan = ds._plan(epoch, stages, worker, num_workers)
     clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
+    raw = raw_batches(ds, epoch, stages, first, worker, num_workers, clock=clock)
+    yield from finish(ds, raw, epoch, stages, worker, num_workers, pool=pool, clock=clock)
+    # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
+    ds.source.settle()
+
+
+def raw_batches(
+    ds: ShardDataset,
+    epoch: int,
+    stages: tuple[Stage, ...],
+    first: int,
+    worker: int,
+    num_workers: int,
+    *,
+    clock: StageClock | NoClock = NO_CLOCK,
+) -> Iterator[tuple[int, list[Any]]]:
+    """The worker's batches ``(k, raw samples)`` from batch ``first`` on, through ``ds.raw_stages``."""
+    plan = ds._plan(epoch, stages, worker, num_workers)
     train = ds.mode == "train"
 
     def source() -> Iterator[RawSample]:
@@ -86,27 +103,46 @@ def run(
             order, after, ds.split_info, ds.source, limit=limit, classes=ds.classes, what=where
         )
 
+    def seed_of(k: int) -> int:  # a random filter is a pure function of the batch, as augmentation is
+        return augment_seed(ds.seed, epoch, ds.rank, worker, k) + _TAG_STAGES
+
+    dropped = _counter(ds, worker, FILTERED)
+    return iter(
+        wds.DataPipeline(
+            source,
+            st.batches(plan.sizes, first=first, make_up=make_up if train else None),
+            st.each(ds.raw_stages, make_up=train, on_dropped=dropped, seed_of=seed_of)
+            if ds.raw_stages
+            else None,
+        )
+    )
+
+
+def finish(
+    ds: ShardDataset,
+    raw: Iterator[tuple[int, list[Any]]],
+    epoch: int,
+    stages: tuple[Stage, ...],
+    worker: int,
+    num_workers: int,
+    *,
+    pool: BufferPool | None,
+    clock: StageClock | NoClock = NO_CLOCK,
+) -> Iterator[Batch | RawBatch]:
+    """Raw batches to what a worker yields: decoded, transformed, through ``ds.image_stages``, stacked."""
+
     def progress(data: Iterator[tuple[int, list[Any]]]) -> Iterator[tuple[int, list[Any]]]:
         for k, samples in data:  # for state_dict(): this process has made batch k
             ds._progress = (epoch, stages, worker, num_workers, k + 1)
             yield k, samples
 
-    def seed_of(tag: int) -> Callable[[int], int]:
-        return lambda k: augment_seed(ds.seed, epoch, ds.rank, worker, k) + tag
+    def seed_of(k: int) -> int:
+        return augment_seed(ds.seed, epoch, ds.rank, worker, k)
 
     dropped = _counter(ds, worker, FILTERED)
-    pipeline = wds.DataPipeline(
-        source,
-        st.batches(plan.sizes, first=first, make_up=make_up if train else None),
-        st.each(ds.raw_stages, make_up=train, on_dropped=dropped, seed_of=seed_of(_TAG_STAGES))
-        if ds.raw_stages
-        else None,
-        progress,
-        *_decoded(ds, epoch, worker, pool, clock, seed_of(0), dropped),
+    return iter(
+        wds.DataPipeline(lambda: raw, progress, *_decoded(ds, epoch, worker, pool, clock, seed_of, dropped))
     )
-    yield from pipeline
-    # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
-    ds.source.settle()
 
 
 def _decoded(
