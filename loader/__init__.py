@@ -17,6 +17,7 @@ from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
 from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
+from .mix import MixedDataset
 from .offload import DecodeOn
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
 from .remote import RetryPolicy, ShardSource
@@ -29,6 +30,7 @@ __all__ = [
     "ConfigError",
     "CorruptImageError",
     "DecodeOn",
+    "MixedDataset",
     "Mode",
     "OnError",
     "PresetName",

@@ -268,6 +268,10 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
     def _kw(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": self.drop_last}
 
+    def _mix_settings(self) -> dict[str, Any]:
+        """What else fixes the order of an epoch (a mix's weights: see :mod:`.mix`)."""
+        return {}
+
     def _release(self, token: int) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
         self._control.release(token)

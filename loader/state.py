@@ -36,6 +36,7 @@ def settings(dataset: Any) -> dict[str, Any]:
         "shuffle_buffer": dataset.shuffle_buffer,
         "shuffle_initial": dataset.shuffle_initial,
         "drop_last": dataset.drop_last,
+        **dataset._mix_settings(),  # a MixedDataset's weights and shares (loader/mix.py)
     }
 
 
