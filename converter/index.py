@@ -159,10 +159,11 @@ def index(
     if shuffled >= 2 and observed < shuffled / 2:
         warnings.append(
             f"shards look class-sorted: a shard holds {observed:.1f} of {len(classes)} classes on average "
-            f"({shuffled:.1f} if shuffled). A batch mixes only the shards its worker is reading and its "
-            "shuffle buffer: it can hold every class only while that worker interleaves "
-            f"~{math.ceil(len(classes) / max(observed, 1))} shards, so with many ranks x workers the "
-            "first batches of an epoch hold few classes. `imgshards pack` shuffles globally."
+            f"({shuffled:.1f} if shuffled). A loader worker mixes the few dozen shards it reads at a time "
+            "and its shuffle buffer, so a batch holds fewer classes than shuffled shards would give it "
+            f"(a batch sees all {len(classes)} only from ~{math.ceil(len(classes) / max(observed, 1))} "
+            "shards read at once; README, 'Index a dataset you already have', has measured figures). "
+            "`imgshards pack` shuffles globally."
         )
     split = SplitInfo(
         name=config.split,
