@@ -23,7 +23,7 @@ from .batch import BufferPool
 __all__ = ["CORRUPT", "FILTERED", "LOST", "MAX_STAGES", "TRUNCATED", "UNREADABLE", "SharedControl"]
 
 # What a worker counts: an image that did not decode, a shard that ended early, a shard not readable,
-# and the samples its plan held that no shard gave it (truncated or unreadable).
+# the samples its plan held that no shard gave it (truncated or unreadable), and those a user stage dropped.
 CORRUPT, TRUNCATED, UNREADABLE, LOST, FILTERED = 0, 1, 2, 3, 4
 
 MAX_STAGES = 16  # topology changes (elastic resumes) within one epoch
