@@ -4,7 +4,8 @@
 code    meaning
 ======  ==============================================================================================
 0       done; the data is good (``verify``: every shard matches the index)
-1       the data is bad: ``verify`` found a mismatch, or ``pack`` rejected every file of a split
+1       the data is bad: ``verify`` found a mismatch, ``pack`` rejected every file of a split, or
+        ``index`` found samples the loader cannot read
 2       cannot run: bad arguments, a missing source or index, a conflicting destination...
 130     interrupted (Ctrl-C)
 ======  ==============================================================================================

@@ -11,6 +11,7 @@ from imgshards.converter import ImgshardsError
 from .bench import bench
 from .demo import demo
 from .exits import EXIT_INTERRUPTED, CantRun
+from .index import index
 from .info import info
 from .pack import pack
 from .verify import verify
@@ -41,6 +42,7 @@ def cli() -> None:
 
 
 cli.add_command(pack)
+cli.add_command(index)
 cli.add_command(verify)
 cli.add_command(info)
 cli.add_command(demo)

@@ -1,4 +1,6 @@
-"""Pack an ImageFolder tree into WebDataset tar shards with a label index; verify and describe them.
+"""Pack an ImageFolder tree into WebDataset shards with a label index, or index shards made elsewhere.
+
+Then verify and describe them.
 
 ``converter`` needs no torch: it imports numpy, Pillow and tqdm only (and fsspec, for a URL only).
 """
@@ -7,7 +9,8 @@ from .check import Check, Reason
 from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
 from .errors import DestinationError, ImgshardsError, ManifestError, SourceError, SplitFileError
 from .formats import reader_warnings
-from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .index import IndexConfig, IndexResult, index, read_classes
+from .manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
 from .pack import pack
 from .readorder import ReadOrder
 from .remote import pack_to_url, verify_url
@@ -22,6 +25,9 @@ __all__ = [
     "Check",
     "DestinationError",
     "ImgshardsError",
+    "IndexConfig",
+    "IndexResult",
+    "LabelSource",
     "Manifest",
     "ManifestError",
     "PackConfig",
@@ -36,9 +42,11 @@ __all__ = [
     "SplitFileError",
     "SplitInfo",
     "VerifyReport",
+    "index",
     "make_synthetic_tree",
     "pack",
     "pack_to_url",
+    "read_classes",
     "read_manifest",
     "reader_warnings",
     "scan_tree",

@@ -13,6 +13,7 @@ __all__ = [
     "PackError",
     "SourceError",
     "SplitFileError",
+    "UnreadableSamplesError",
     "UnsafeFileError",
 ]
 
@@ -23,6 +24,10 @@ class ImgshardsError(Exception):
 
 class SourceError(ImgshardsError):
     """The ImageFolder tree to pack is missing, unreadable, or has no usable classes."""
+
+
+class UnreadableSamplesError(SourceError):
+    """Shards to index hold samples the loader cannot read: no image, no label, or a damaged tar."""
 
 
 class DestinationError(ImgshardsError):

@@ -18,14 +18,17 @@ Layout of ``index.json`` (``version`` 1)::
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
           "formats": {"jpg": 1281167},             # image members per extension
-          "converted": {"png_to_jpg": 12}          # images re-encoded into the split's format, by reason
+          "converted": {"png_to_jpg": 12},         # images re-encoded into the split's format, by reason
+          "labels": {"member": "json", "key": "label", "names": true}  # only where not ids in .cls
         }
       }
     }
 
 Each sample in a shard is standard WebDataset: ``<key>.<ext>`` (the image, ``ext`` one of
 :data:`IMAGE_EXTENSIONS`), ``<key>.cls`` (the integer label as ASCII) and ``<key>.json``
-(``{"class": ..., "path": ...}``, the original path relative to the source tree).
+(``{"class": ..., "path": ...}``, the original path relative to the source tree). Shards that
+another tool wrote and ``imgshards index`` indexed may hold the label in a ``.json`` field instead,
+as a class id or a class name (:class:`LabelSource`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "INDEX_NAME",
     "TIMM_INFO_NAME",
+    "LabelSource",
     "Manifest",
     "ShardInfo",
     "SplitInfo",
@@ -54,12 +58,15 @@ __all__ = [
     "local_path",
     "open_regular",
     "read_manifest",
+    "split_member_name",
 ]
 
 FORMAT_NAME = "imgshards"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
 TIMM_INFO_NAME = "_info.json"
+_MAX_LABEL_DIGITS = 20
+_MAX_LABEL_BYTES = 4096  # a class name in .cls: as long as a class name may be
 # Extensions of the image member in a sample, named by the format detected in the bytes, the
 # names webdataset's, timm's and DALI's readers look for.
 IMAGE_EXTENSIONS = ("jpg", "png", "webp", "bmp", "ppm", "pgm", "tiff")
@@ -79,6 +86,84 @@ class ShardInfo:
         return {"name": self.name, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
 
 
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """A tar member's sample key and extension as webdataset groups them, or None for no extension.
+
+    The key is the name up to the first dot of its last path part (``a.v2/x.jpg`` -> ``a.v2/x``,
+    ``jpg``); the extension is lower-cased.
+    """
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    return None if dot < 0 else (name[:dot], name[dot + 1 :].lower())
+
+
+@dataclass(frozen=True)
+class LabelSource:
+    """Where a sample's label is: its ``.cls`` member (what ``pack`` writes) or a field of its ``.json``.
+
+    With ``names`` the value is a class name, looked up in the index's ``classes``; else a class id.
+    Written into a split of the index only when it is not the default (``.cls`` holding ids).
+    """
+
+    member: str = "cls"
+    key: str | None = None
+    names: bool = False
+
+    def __post_init__(self) -> None:
+        if self.member not in ("cls", "json") or (self.member == "json") != bool(self.key):
+            raise ValueError(
+                f"labels from member {self.member!r} field {self.key!r}: expected .cls, or .json with a field"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form written into the index."""
+        return {"member": self.member, "key": self.key, "names": self.names}
+
+    @classmethod
+    def from_json(cls, data: Any) -> LabelSource:
+        """Build from the ``labels`` entry of a split (absent: the default)."""
+        if data is None:
+            return cls()
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("key"), (str, type(None)))
+            or not isinstance(data.get("names", False), bool)
+        ):
+            raise ValueError(f"labels is {data!r}")
+        return cls(str(data.get("member")), data.get("key"), data.get("names", False))
+
+    def parse(self, data: bytes | bytearray, class_to_idx: Mapping[str, int]) -> int:
+        """Return the class id held in a sample's label member (its bytes).
+
+        Raises:
+            ValueError: the member holds no usable label; the message says what it has
+                ("a .cls that is not a label: ...").
+
+        """
+        if self.member == "cls":
+            text = bytes(data[: _MAX_LABEL_BYTES + 1]).strip()
+            if not self.names:
+                if len(text) > _MAX_LABEL_DIGITS or not text.isdigit():
+                    raise ValueError(f"a .cls that is not a label: {bytes(data[:24])!r}")
+                return int(text)
+            value: object = text.decode("utf-8", "replace")
+        else:
+            try:
+                doc = json.loads(data)
+            except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+                raise ValueError(f"a .json that is not JSON: {bytes(data[:24])!r}") from None
+            if not isinstance(doc, dict) or self.key not in doc:
+                raise ValueError(f"no field {self.key!r} in its .json")
+            value = doc[self.key]
+            if not self.names:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"a .json field {self.key!r} of {value!r}, not a class id")
+                return value
+        if not isinstance(value, str) or value not in class_to_idx:
+            raise ValueError(f"label {str(value)[:80]!r}, not one of the index's classes")
+        return class_to_idx[value]
+
+
 @dataclass(frozen=True)
 class SplitInfo:
     """One split (``train``, ``val``...) of a packed dataset."""
@@ -92,6 +177,7 @@ class SplitInfo:
     pack_args: Mapping[str, Any] = field(default_factory=dict)
     formats: Mapping[str, int] = field(default_factory=dict)
     converted: Mapping[str, int] = field(default_factory=dict)
+    labels: LabelSource = LabelSource()
 
     @property
     def samples(self) -> int:
@@ -105,6 +191,7 @@ class SplitInfo:
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form written into the index."""
+        labels = {} if self.labels == LabelSource() else {"labels": self.labels.to_json()}
         return {
             "samples": self.samples,
             "bytes": self.bytes,
@@ -118,6 +205,7 @@ class SplitInfo:
             "pack": dict(self.pack_args),
             "formats": dict(sorted(self.formats.items())),
             "converted": dict(sorted(self.converted.items())),
+            **labels,
         }
 
 
@@ -204,6 +292,7 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
         pack_args=dict(data.get("pack") or {}),
         formats={str(k): int(v) for k, v in (data.get("formats") or {}).items()},
         converted={str(k): int(v) for k, v in (data.get("converted") or {}).items()},
+        labels=LabelSource.from_json(data.get("labels")),
     )
 
 

@@ -53,7 +53,7 @@ from .pack import pack
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
-__all__ = ["pack_to_url", "verify_url"]
+__all__ = ["pack_to_url", "verify_url", "write_index_url"]
 
 # Protocols whose PUT is atomic (a partial object never appears under the final name).
 _ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
@@ -130,13 +130,29 @@ def verify_url(
     jobs = shard_jobs(manifest, splits)
     num_classes = len(manifest.classes)
 
-    def check(shard: ShardInfo) -> tuple[list[str], Counter[int]]:
+    def check(job: tuple[str, ShardInfo]) -> tuple[list[str], Counter[int]]:
+        split, shard = job
         opener = partial(remote.fs.open, remote.path(shard.name), "rb", block_size=_READ_BLOCK)
-        return check_shard_stream(opener, shard, num_classes)
+        labels = manifest.split(split).labels
+        return check_shard_stream(opener, shard, num_classes, labels, manifest.class_to_idx)
 
     # Threads: the work is waiting on the network and hashing, which releases the GIL.
     with ThreadPoolExecutor(min(workers or 8, max(1, len(jobs)))) as pool:
-        return build_report(manifest, jobs, pool.map(check, [shard for _, shard in jobs]))
+        return build_report(manifest, jobs, pool.map(check, jobs))
+
+
+def write_index_url(
+    url: str, manifest: Manifest, *, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Write ``_info.json``, then ``index.json`` at ``url``, each whole or not at all (as a pack ends).
+
+    Raises:
+        DestinationError: a write kept failing.
+
+    """
+    remote = _Remote(url, storage_options or {})
+    remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
+    remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
 
 
 class _Remote:

@@ -185,6 +185,7 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
     _check_rejects(body.get("rejects"), f"{field}.rejects", where)
     for key in ("formats", "converted"):  # image extensions, conversion reasons -> samples
         _check_counts(body.get(key), f"{field}.{key}", where)
+    _check_labels(body.get("labels"), f"{field}.labels", where)
     if not isinstance(body.get("pack", {}) or {}, dict):
         raise _bad(where, f"{field}.pack", body.get("pack"), "an object")
 
@@ -206,6 +207,20 @@ def _check_counts(counts: Any, field: str, where: str) -> None:
         return
     if not isinstance(counts, dict) or any(_int(v) is None or v < 0 for v in counts.values()):
         raise _bad(where, field, counts, "an object of non-negative counts")
+
+
+def _check_labels(labels: Any, field: str, where: str) -> None:
+    """Where an indexed split's labels are: ``.cls`` or a ``.json`` field (absent: ids in ``.cls``)."""
+    if labels is None:
+        return
+    if not isinstance(labels, dict) or labels.get("member") not in ("cls", "json"):
+        raise _bad(where, field, labels, 'an object whose "member" is "cls" or "json"')
+    key = labels.get("key")
+    wanted = isinstance(key, str) and 0 < len(key) <= 4096 if labels["member"] == "json" else key is None
+    if not wanted:
+        raise _bad(where, f"{field}.key", key, "the .json field holding the label (none for .cls)")
+    if not isinstance(labels.get("names", False), bool):
+        raise _bad(where, f"{field}.names", labels.get("names"), "true or false")
 
 
 def _typed(data: Mapping[str, Any], key: str, kind: type, where: str, what: str, field: str = "") -> Any:

@@ -6,17 +6,18 @@ import hashlib
 import os
 import tarfile
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .manifest import Manifest, ShardInfo, read_manifest
+from .manifest import LabelSource, Manifest, ShardInfo, read_manifest, split_member_name
 from .pool import default_workers, start_pool
 from .validate import open_regular
 
 __all__ = [
+    "HashingReader",
     "ShardProblem",
     "VerifyReport",
     "build_report",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
+_LABEL_BYTES = 1 << 16
 
 
 def hash_file(path: str) -> str:
@@ -64,7 +66,7 @@ class VerifyReport:
         return not self.problems
 
 
-class _HashingReader:
+class HashingReader:
     """A read-only stream that hashes what passes through it (tarfile reads shards sequentially)."""
 
     def __init__(self, f: BinaryIO) -> None:
@@ -73,30 +75,39 @@ class _HashingReader:
         self.size = 0
 
     def read(self, n: int = -1) -> bytes:
+        """Read and hash up to ``n`` bytes."""
         data = self._f.read(n)
         self.sha.update(data)
         self.size += len(data)
         return data
 
     def drain(self) -> None:
+        """Read (and hash) the rest of the stream."""
         while self.read(_CHUNK):
             pass
 
 
 def check_shard_stream(
-    opener: Callable[[], AbstractContextManager[BinaryIO]], expected: ShardInfo, num_classes: int
+    opener: Callable[[], AbstractContextManager[BinaryIO]],
+    expected: ShardInfo,
+    num_classes: int,
+    labels_from: LabelSource | None = None,
+    class_to_idx: Mapping[str, int] | None = None,
 ) -> tuple[list[str], Counter[int]]:
     """Problems found in one shard read once from ``opener()``, and the labels it holds.
 
     ``opener`` opens the shard for reading (a local file, an fsspec file); a shard it cannot find
-    (``FileNotFoundError``) is reported missing.
+    (``FileNotFoundError``) is reported missing. ``labels_from`` says which member holds a sample's
+    label (its split's; default ``.cls``), ``class_to_idx`` maps a class name to its id (for labels
+    that are names).
     """
+    labels_from = labels_from or LabelSource()
     labels: Counter[int] = Counter()
     keys: set[str] = set()
     problems: list[str] = []
     try:
         with opener() as f:
-            reader = _HashingReader(f)
+            reader = HashingReader(f)
             end = _real_size(f, expected)
             try:
                 with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
@@ -106,15 +117,17 @@ def check_shard_stream(
                                 f"member {member.name!r} declares {member.size} bytes, past the end"
                             )
                             break
-                        key, _, ext = member.name.partition(".")
+                        parts = split_member_name(member.name) if member.isreg() else None
+                        if parts is None:  # not part of a sample, as for the loader's reader
+                            continue
+                        key, ext = parts
                         keys.add(key)
-                        if ext == "cls":
+                        if ext == labels_from.member:
                             data = tar.extractfile(member)
-                            label = int(data.read()) if data else -1
-                            if not 0 <= label < num_classes:
-                                problems.append(
-                                    f"sample {key} has label {label}, outside 0..{num_classes - 1}"
-                                )
+                            raw = data.read(_LABEL_BYTES) if data else b""
+                            label, problem = _label(raw, labels_from, class_to_idx, num_classes)
+                            if problem:
+                                problems.append(f"sample {key} {problem}")
                             labels[label] += 1
             except (tarfile.TarError, ValueError) as e:
                 problems.append(f"unreadable tar ({e})")
@@ -139,6 +152,19 @@ def _real_size(f: BinaryIO, expected: ShardInfo) -> int:
     except (AttributeError, OSError, ValueError):
         size = getattr(f, "size", None)  # fsspec's files
         return size if isinstance(size, int) else expected.bytes
+
+
+def _label(
+    data: bytes, labels_from: LabelSource, class_to_idx: Mapping[str, int] | None, num_classes: int
+) -> tuple[int, str | None]:
+    """A sample's label, and what is wrong with it (then the label is -1), if anything."""
+    try:
+        label = labels_from.parse(data, class_to_idx or {})
+    except ValueError as e:
+        return -1, f"has {e}"
+    if not 0 <= label < num_classes:
+        return -1, f"has label {label}, outside 0..{num_classes - 1}"
+    return label, None
 
 
 def shard_jobs(manifest: Manifest, splits: list[str] | None) -> list[tuple[str, ShardInfo]]:
@@ -171,11 +197,13 @@ def build_report(
     return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
 
 
-def _check_local_shard(root: Path, expected: ShardInfo, num_classes: int) -> tuple[list[str], Counter[int]]:
+def _check_local_shard(
+    root: Path, expected: ShardInfo, num_classes: int, labels_from: LabelSource, class_to_idx: dict[str, int]
+) -> tuple[list[str], Counter[int]]:
     def opener() -> BinaryIO:
         return open_regular(root / expected.name, inside=root)
 
-    return check_shard_stream(opener, expected, num_classes)
+    return check_shard_stream(opener, expected, num_classes, labels_from, class_to_idx)
 
 
 def verify(
@@ -192,7 +220,11 @@ def verify(
     jobs = shard_jobs(manifest, splits)
     pool = start_pool(min(workers or default_workers(), max(1, len(jobs))))
     try:
-        futures = [pool.submit(_check_local_shard, root, shard, len(manifest.classes)) for _, shard in jobs]
+        classes, to_idx = len(manifest.classes), manifest.class_to_idx
+        futures = [
+            pool.submit(_check_local_shard, root, shard, classes, manifest.split(split).labels, to_idx)
+            for split, shard in jobs
+        ]
         return build_report(manifest, jobs, (future.result() for future in futures))
     finally:
         pool.shutdown()

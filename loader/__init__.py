@@ -11,11 +11,13 @@ for images, labels in loader:
 dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, decode_on="cuda")
 """
 
+from . import stages
 from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
 from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
+from .mix import MixedDataset
 from .offload import DecodeOn
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
 from .remote import RetryPolicy, ShardSource
@@ -28,6 +30,7 @@ __all__ = [
     "ConfigError",
     "CorruptImageError",
     "DecodeOn",
+    "MixedDataset",
     "Mode",
     "OnError",
     "PresetName",
@@ -43,5 +46,6 @@ __all__ = [
     "decode",
     "make_loader",
     "preset",
+    "stages",
     "to_device",
 ]

@@ -6,7 +6,7 @@ the finished stages of an elastic resume, and anything a worker reports back, it
 its free batch buffers, lives in one shared ``int64`` tensor laid out as::
 
     [epoch, start, delivered, stage count, stages (3 each), the pass's epoch, stage count and stages,
-     counters (4 per worker slot), flags (8 a slot)]
+     counters (5 per worker slot), flags (8 a slot)]
 
 This tensor is the one record of the epoch: :class:`~imgshards.loader.ShardLoader` reads and
 writes the dataset's epoch, never a copy of its own. The workers of a pass read the pass's own copy
@@ -20,18 +20,18 @@ import torch
 
 from .batch import BufferPool
 
-__all__ = ["CORRUPT", "LOST", "MAX_STAGES", "TRUNCATED", "UNREADABLE", "SharedControl"]
+__all__ = ["CORRUPT", "FILTERED", "LOST", "MAX_STAGES", "TRUNCATED", "UNREADABLE", "SharedControl"]
 
 # What a worker counts: an image that did not decode, a shard that ended early, a shard not readable,
-# and the samples its plan held that no shard gave it (truncated or unreadable).
-CORRUPT, TRUNCATED, UNREADABLE, LOST = 0, 1, 2, 3
+# the samples its plan held that no shard gave it (truncated or unreadable), and those a user stage dropped.
+CORRUPT, TRUNCATED, UNREADABLE, LOST, FILTERED = 0, 1, 2, 3, 4
 
 MAX_STAGES = 16  # topology changes (elastic resumes) within one epoch
 _EPOCH, _RESUME, _DELIVERED, _NSTAGES, _STAGES = 0, 1, 2, 3, 4
 _PASS = _STAGES + 3 * MAX_STAGES  # the running pass's [epoch, stage count, stages]
 _COUNTERS = _PASS + 2 + 3 * MAX_STAGES
 _MAX_WORKER_SLOTS = 256
-_PER_WORKER = 4
+_PER_WORKER = 5
 _POOL_BUFFERS = 8
 _POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
 _SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS

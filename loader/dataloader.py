@@ -123,7 +123,7 @@ class ShardLoader:
         epoch, delivered = ds.epoch, control.delivered
         control.start_pass(delivered)  # what the workers read as their pass starts
         total = ds._stage_batches()
-        corrupt, lost = ds.corrupt_skipped, ds.lost_samples
+        counts = (ds.corrupt_skipped, ds.lost_samples, ds.filtered_samples)
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
         done = delivered >= total
@@ -139,15 +139,29 @@ class ShardLoader:
             control.delivered = delivered  # the one record: an interrupted pass resumes here
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
-                done = self._finish(epoch, corrupt, lost)
+                done = self._finish(epoch, *counts)
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
-            self._finish(epoch, corrupt, lost)
+            self._finish(epoch, *counts)
         control.start_pass(0)  # every worker has ended this pass: the next reads the next epoch
 
-    def _finish(self, epoch: int, corrupt: int, lost: int) -> bool:
+    def _finish(self, epoch: int, corrupt: int, lost: int, filtered: int) -> bool:
         ds = self.dataset
         skipped, lost = ds.corrupt_skipped - corrupt, ds.lost_samples - lost
+        filtered = ds.filtered_samples - filtered
+        if filtered:
+            how = (
+                "the raw stages' drops were made up by repeating kept samples (the image stages' left "
+                "their batches smaller), so every rank kept len() batches"
+                if ds.mode == "train"
+                else "they are not in this pass"
+            )
+            warnings.warn(
+                f"epoch {epoch}: the dataset's stages dropped {filtered} sample(s) on this rank; {how}; "
+                f"{ds.filtered_samples} so far (dataset.filtered_samples)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if skipped:
             warnings.warn(
                 f"epoch {epoch}: skipped {skipped} image(s) that do not decode (on_error='skip'); "

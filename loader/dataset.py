@@ -12,8 +12,7 @@ buffers) lives in :class:`~.control.SharedControl`.
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -22,18 +21,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from . import elastic, partition
-from .batch import Batch, BufferPool, collate
+from . import elastic, partition, passes
+from .batch import Batch, BufferPool
 from .checks import check_choice, resolve_rank
-from .control import CORRUPT, LOST, TRUNCATED, UNREADABLE, SharedControl
-from .errors import ConfigError, CorruptImageError, ShardReadError
-from .offload import DecodeOn, RawBatch, raw_batch
-from .pipeline import augment_seed, batched, decode_batch, read_elsewhere, read_runs, sample_stream, seeded
+from .control import SharedControl
+from .errors import ConfigError
+from .offload import DecodeOn, RawBatch
 from .presets import PRESETS, Transform, preset
-from .profiling.stagetimes import COLLATE, NO_CLOCK, READ, StageTimes
-from .reader import RawSample
+from .profiling.stagetimes import StageTimes
 from .remote import ShardSource
-from .shuffle import worker_rng
+from .stages import Stage, check_stages
 from .state import EpochState
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
@@ -142,6 +139,8 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         cache_limit: int | None = None,
         prefetch: int = 2,
         decode_on: DecodeOn | str | torch.device | None = None,
+        raw_stages: Sequence[Stage] | None = None,
+        image_stages: Sequence[Stage] | None = None,
     ) -> None:
         super().__init__()
         check_choice("mode", mode, MODES)
@@ -197,6 +196,13 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self.world_size = world_size
         self.on_error: OnError = on_error
         self.decode_on = DecodeOn.of(decode_on)
+        self.raw_stages = check_stages("raw_stages", raw_stages)
+        self.image_stages = check_stages("image_stages", image_stages)
+        if self.image_stages and self.decode_on is not None:
+            raise ConfigError(
+                "image_stages run in the workers on decoded images; with decode_on the training process "
+                "decodes: transform its batches in the training loop instead"
+            )
         self._shard_samples = tuple(s.samples for s in self.split_info.shards)
         self._layout = elastic.Layout(
             self._shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
@@ -262,32 +268,37 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
     def _kw(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": self.drop_last}
 
+    def _mix_settings(self) -> dict[str, Any]:
+        """What else fixes the order of an epoch (a mix's weights: see :mod:`.mix`)."""
+        return {}
+
     def _release(self, token: int) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
         self._control.release(token)
 
-    # ---- a pass: plan -> raw stream -> batches ------------------------------------------------
+    # ---- a pass: plan -> raw stream -> batches (passes.py) -------------------------------------
 
     def __iter__(self) -> Iterator[Batch | RawBatch]:
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
-            (epoch, stages, first), self._pending = self._pending, None
-            role = worker
-        else:
-            # Read the pass's shared state: a DataLoader creates this iterator when a pass starts.
-            epoch, stages, resume = self._control.pass_state()
-            # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
-            # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
-            role = partition.resumed_worker(worker, resume, num_workers)
-            first = partition.delivered_by_worker(resume, num_workers)[role]
+        epoch, stages, first, role, num_workers = passes.position(self)
         self._progress = (epoch, stages, role, num_workers, first)
-        pool = None
-        if info is not None:
-            if self._pool is None:
-                self._pool = self._control.pool(worker)
-            pool = self._pool
+        info = get_worker_info()
+        if info is not None and self._pool is None:
+            self._pool = self._control.pool(info.id)  # made in each worker process, on its first pass
+        pool = self._pool if info is not None else None
         return self._batches(epoch, stages, first, role, num_workers, pool=pool)
+
+    def _batches(
+        self,
+        epoch: int,
+        stages: tuple[elastic.Stage, ...],
+        first: int,
+        worker: int,
+        num_workers: int,
+        *,
+        pool: BufferPool | None,
+    ) -> Iterator[Batch | RawBatch]:
+        """The batches worker ``worker`` of ``num_workers`` yields in a pass, from batch ``first`` on."""
+        return passes.run(self, epoch, stages, first, worker, num_workers, pool=pool)
 
     def _plan(
         self, epoch: int, stages: tuple[elastic.Stage, ...], worker: int, num_workers: int
@@ -300,88 +311,6 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         return partition.worker_plan(
             self._shard_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle, **where, **self._kw()
         )
-
-    def _batches(
-        self,
-        epoch: int,
-        stages: tuple[elastic.Stage, ...],
-        first: int,
-        worker: int,
-        num_workers: int,
-        *,
-        pool: BufferPool | None,
-    ) -> Iterator[Batch | RawBatch]:
-        plan = self._plan(epoch, stages, worker, num_workers)
-        clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
-        raw = clock.timed_iter(READ, self._raw_stream(plan, epoch, len(stages), worker))
-
-        def make_up() -> Iterator[RawSample]:
-            order = partition.shard_order(
-                len(self._shard_samples), seed=self.seed, epoch=epoch, shuffle=self.shuffle
-            )
-            after = plan.segments[0].shard if plan.segments else None
-            where = f"split {self.split!r} at {self.root} (rank {self.rank})"
-            shards, classes = self.split_info.shards, len(self.manifest.classes)
-            return read_elsewhere(
-                order, after, shards, self.source, limit=max(plan.sizes), num_classes=classes, what=where
-            )
-
-        for k, samples in batched(
-            raw, sizes=plan.sizes, first=first, make_up=make_up if self.mode == "train" else None
-        ):
-            batch: Batch | RawBatch
-            if self.decode_on is not None:  # the training process decodes (device.py)
-                batch = clock.timed(COLLATE, raw_batch)(
-                    samples, epoch=epoch, worker=worker, index=k, shared=pool is not None
-                )
-                clock.batch_done(len(samples))
-            else:
-                with seeded(augment_seed(self.seed, epoch, self.rank, worker, k), restore=pool is None):
-                    images, labels = decode_batch(
-                        samples, self.transform, on_corrupt=self._on_corrupt(worker), clock=clock
-                    )
-                batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
-                clock.batch_done(len(labels))
-            self._progress = (epoch, stages, worker, num_workers, k + 1)
-            yield batch
-        # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
-        self.source.settle()
-
-    def _raw_stream(
-        self, plan: partition.WorkerPlan, epoch: int, stage: int, worker: int
-    ) -> Iterator[RawSample]:
-        def on_truncated(message: str) -> None:
-            self._control.count(worker, TRUNCATED)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-
-        def on_unreadable(e: ShardReadError) -> None:
-            self._control.count(worker, UNREADABLE)
-            warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
-
-        runs = read_runs(
-            plan.segments,
-            self.split_info.shards,
-            self.source,
-            on_truncated=on_truncated,
-            on_unreadable=None if self.on_error == "raise" else on_unreadable,
-            num_classes=len(self.manifest.classes),
-            on_corrupt=self._on_corrupt(worker),  # a label outside the classes, no image...
-            on_lost=lambda n: self._control.count(worker, LOST, n),
-        )
-        rng = worker_rng(self.seed, epoch, self.rank, worker, stage) if self.shuffle else None
-        sizes = [len(seg) for seg in plan.segments]
-        return sample_stream(runs, sizes, rng, buffer=self.shuffle_buffer, initial=self.shuffle_initial)
-
-    def _on_corrupt(self, worker: int) -> Callable[[CorruptImageError], None] | None:
-        """Skip, count and warn about a sample that is not usable; ``None`` (raise) with on_error="raise"."""
-        if self.on_error == "raise":
-            return None
-
-        def skip(e: CorruptImageError) -> None:
-            self._control.count(worker, CORRUPT)
-            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
-
-        return skip
 
     def __repr__(self) -> str:
         return (

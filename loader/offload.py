@@ -9,15 +9,16 @@ training process decodes and augments it (:mod:`.device`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from .batch import IMAGENET_MEAN, IMAGENET_STD
 from .errors import ConfigError
-from .reader import RawSample
+from .reader import image_member, sample_shard
 
 __all__ = ["DecodeOn", "RawBatch", "raw_batch"]
 
@@ -130,9 +131,13 @@ class RawBatch:
         return replace(self, data=self.data.pin_memory(), labels=self.labels.pin_memory())
 
 
-def raw_batch(samples: Sequence[RawSample], *, epoch: int, worker: int, index: int, shared: bool) -> RawBatch:
-    """Pack ``samples`` into a :class:`RawBatch`; with ``shared``, its bytes in shared memory."""
-    sizes = [len(s.data) for s in samples]
+def raw_batch(
+    samples: Sequence[Mapping[str, Any]], *, epoch: int, worker: int, index: int, shared: bool
+) -> RawBatch:
+    """Pack sample dicts into a :class:`RawBatch`; with ``shared``, its bytes in shared memory."""
+    exts = [image_member(s) for s in samples]
+    images = [s[ext] if ext else b"" for s, ext in zip(samples, exts, strict=True)]
+    sizes = [len(data) for data in images]
     offsets = np.zeros(len(samples) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     total = int(offsets[-1])
@@ -142,15 +147,15 @@ def raw_batch(samples: Sequence[RawSample], *, epoch: int, worker: int, index: i
     else:
         data = torch.empty(total, dtype=torch.uint8)
     out = data.numpy()
-    for s, start, stop in zip(samples, offsets[:-1], offsets[1:], strict=True):
-        out[start:stop] = np.frombuffer(s.data, dtype=np.uint8)
+    for image, start, stop in zip(images, offsets[:-1], offsets[1:], strict=True):
+        out[start:stop] = np.frombuffer(image, dtype=np.uint8)
     return RawBatch(
         data=data,
         offsets=torch.from_numpy(offsets),
-        labels=torch.tensor([s.label for s in samples], dtype=torch.int64),
-        exts=tuple(s.ext for s in samples),
-        keys=tuple(s.key for s in samples),
-        shards=tuple(s.shard for s in samples),
+        labels=torch.tensor([int(s["__label__"]) for s in samples], dtype=torch.int64),
+        exts=tuple(exts),
+        keys=tuple(str(s.get("__key__")) for s in samples),
+        shards=tuple(sample_shard(s) for s in samples),
         epoch=epoch,
         worker=worker,
         index=index,

@@ -22,7 +22,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from imgshards.converter.manifest import ShardInfo
+from imgshards.converter.manifest import SplitInfo
 
 from .decode import decode
 from .errors import CorruptImageError, ShardReadError
@@ -49,23 +49,27 @@ T = TypeVar("T")
 
 def read_runs(
     segments: Sequence[Segment],
-    shards: Sequence[ShardInfo],
+    split: SplitInfo,
     source: ShardSource,
     *,
     on_truncated: Callable[[str], None],
     on_unreadable: Callable[[ShardReadError], None] | None,
-    num_classes: int | None = None,
+    classes: Sequence[str] | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
     on_lost: Callable[[int], None] = lambda n: None,
+    keep_all: bool = False,
 ) -> list[Iterator[RawSample]]:
-    """One lazy run of raw samples per segment, read from ``source`` in the given order.
+    """One lazy run of raw samples per segment of ``split``, read from ``source`` in the given order.
 
     A segment's ``skip`` samples are read past, never yielded. A shard that cannot be read ends its
     run and is reported to ``on_unreadable``; with ``on_unreadable=None`` the
     :class:`ShardReadError` propagates. A run that ends short of its segment (damaged shard) tells
-    ``on_lost`` how many of its samples it lacks. A sample whose label is not in
-    ``0..num_classes-1`` goes to ``on_corrupt`` (raises with None).
+    ``on_lost`` how many of its samples it lacks. Labels are read as the split says (``.cls``, or a
+    ``.json`` field); one that is not one of ``classes`` goes to ``on_corrupt`` (raises with None).
+    ``keep_all`` reads every member of a sample (else a ``.json`` that holds no label is skipped).
     """
+    shards = split.shards
+    class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
     source.plan([shards[seg.shard] for seg in segments])  # prefetch in this order
     runs = []
     for seg in segments:
@@ -76,8 +80,11 @@ def read_runs(
             seg.stop,
             on_truncated=on_truncated,
             opener=functools.partial(source.open, shard),
-            num_classes=num_classes,
+            num_classes=len(classes) if classes is not None else None,
             on_corrupt=on_corrupt,
+            labels=split.labels,
+            class_to_idx=class_to_idx,
+            keep_all=keep_all,
         )
         if seg.skip:
             run = _skipping(run, seg)
@@ -90,11 +97,11 @@ def read_runs(
 def read_elsewhere(
     order: Sequence[int] | np.ndarray,
     after: int | None,
-    shards: Sequence[ShardInfo],
+    split: SplitInfo,
     source: ShardSource,
     *,
     limit: int,
-    num_classes: int | None,
+    classes: Sequence[str] | None,
     what: str,
 ) -> Iterator[RawSample]:
     """Up to ``limit`` samples of whole shards, in ``order`` from the shard after ``after`` on.
@@ -105,16 +112,16 @@ def read_elsewhere(
     :class:`ShardReadError` saying so (``what`` names the split and where it is).
     """
     at = int(np.flatnonzero(np.asarray(order) == after)[0]) + 1 if after is not None else 0
-    segments = [Segment(int(s), 0, shards[s].samples) for s in np.roll(np.asarray(order), -at)]
+    segments = [Segment(int(s), 0, split.shards[s].samples) for s in np.roll(np.asarray(order), -at)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runs = read_runs(
             segments,
-            shards,
+            split,
             source,
             on_truncated=_ignore,
             on_unreadable=_ignore,
-            num_classes=num_classes,
+            classes=classes,
             on_corrupt=_ignore,
         )
         found = list(islice((s for run in runs for s in run), limit))

@@ -21,37 +21,79 @@ makes its sample corrupt (``on_corrupt``), never a label passed on.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, cast
+from typing import Any, BinaryIO, cast
 
 from imgshards.converter.errors import ImgshardsError
-from imgshards.converter.manifest import IMAGE_EXTENSIONS
+from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource
 
 from .errors import CorruptImageError, ShardReadError
 
-__all__ = ["RawSample", "ShardFormatError", "read_run"]
+__all__ = ["RawSample", "ShardFormatError", "image_member", "read_run", "sample_shard"]
 
 _BLOCK = 512
 _READ_BUFFER = 1 << 20
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 _REGULAR = (b"0", b"\0", b"7")
-_SKIPPED_EXTS = frozenset({"json"})
 _MAX_EXTENDED_HEADER = 1 << 20  # a pax or GNU long-name header: a path, a few keywords
-_MAX_LABEL_DIGITS = 20
 
 
-class RawSample(NamedTuple):
-    """One sample as stored: image bytes, their format (the member's extension) and the label."""
+class RawSample(dict[str, Any]):
+    """One sample as webdataset has it, plus its label: a dict that webdataset's stages take as is.
 
-    key: str
-    ext: str
-    data: bytearray
-    label: int
-    shard: str
+    Keys: ``__key__``, ``__url__`` (the shard), one entry per member read (``jpg``, ``cls``...,
+    ``bytes``), and ``__label__``, the class id as the split's index says. The attributes name what
+    the loader uses: :attr:`key`, :attr:`ext` (the image member's extension), :attr:`data` (its
+    bytes), :attr:`label` and :attr:`shard` (the shard's file name).
+    """
+
+    __slots__ = ("ext",)
+
+    def __init__(self, members: Mapping[str, bytes], *, key: str, url: str, label: int, ext: str) -> None:
+        super().__init__(members)
+        self["__key__"], self["__url__"], self["__label__"] = key, url, label
+        self.ext = ext
+
+    @property
+    def key(self) -> str:
+        """The sample's key (the member names up to their extension)."""
+        return str(self["__key__"])
+
+    @property
+    def data(self) -> bytes:
+        """The image member's bytes."""
+        return bytes(self[self.ext])
+
+    @property
+    def label(self) -> int:
+        """The class id."""
+        return int(self["__label__"])
+
+    @property
+    def shard(self) -> str:
+        """The file name of the shard the sample is in."""
+        return str(self["__url__"]).rsplit("/", 1)[-1]
+
+
+def image_member(sample: Mapping[str, Any]) -> str:
+    """The extension of a sample dict's image member (``jpg``, ``png``...); ``""`` if it has none.
+
+    For any sample dict, a :class:`RawSample` or one a user's stage built.
+    """
+    ext = getattr(sample, "ext", None)
+    if isinstance(ext, str) and ext in sample:
+        return ext
+    return next((e for e in IMAGE_EXTENSIONS if e in sample), "")
+
+
+def sample_shard(sample: Mapping[str, Any]) -> str:
+    """The file name of the shard a sample dict came from (``"?"`` if it does not say)."""
+    return str(sample.get("__url__", "?")).rsplit("/", 1)[-1]
 
 
 class ShardFormatError(Exception):
@@ -67,11 +109,17 @@ def read_run(
     opener: Callable[[], BinaryIO] | None = None,
     num_classes: int | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
+    labels: LabelSource | None = None,
+    class_to_idx: Mapping[str, int] | None = None,
+    keep_all: bool = False,
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
     ``opener`` opens the shard (a remote one, see :class:`~imgshards.loader.remote.ShardSource`);
     without it ``path`` is a local file. The shard is opened at the first sample asked for.
+    ``labels`` says which member holds a sample's label (the split's, from the index; default
+    ``.cls``); ``class_to_idx`` maps class names to ids for labels that are names. Every member is
+    read but ``.json`` (when the label is elsewhere), or every member with ``keep_all``.
 
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
     damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
@@ -81,11 +129,12 @@ def read_run(
     ``0..num_classes-1``, goes to ``on_corrupt`` (raised without it) and the run goes on. A read
     error of the file is a :class:`~imgshards.loader.errors.ShardReadError`.
     """
-    path = Path(path)
+    url, path = str(path), Path(path)
     expected, got, problem = stop - start, 0, ""
     readable = [0]  # complete samples the shard was seen to hold, counted by _samples
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
-        samples = _samples(cast(BufferedReader, f), start, stop, path.name, num_classes, readable)
+        labeled = _Labels(labels or LabelSource(), class_to_idx, num_classes, keep_all=keep_all)
+        samples = _samples(cast(BufferedReader, f), start, stop, url, labeled, readable)
         try:
             for sample in samples:
                 got += 1
@@ -117,7 +166,7 @@ def read_run(
 
 
 def _samples(
-    f: BufferedReader, start: int, stop: int, shard: str, num_classes: int | None, readable: list[int]
+    f: BufferedReader, start: int, stop: int, url: str, labels: _Labels, readable: list[int]
 ) -> Generator[RawSample | CorruptImageError, None, None]:
     """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples.
 
@@ -126,7 +175,7 @@ def _samples(
     shard).
     """
     index, key = -1, None
-    parts: dict[str, bytearray] = {}
+    parts: dict[str, bytes] = {}
     exts: set[str] = set()  # of the current sample's members, read or stepped over
     end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
     f.seek(0)
@@ -139,10 +188,10 @@ def _samples(
         except ShardFormatError:
             # The sample before the damage counts as whole if it had a label and an image (its
             # members' sizes were all checked against the shard's real size).
-            complete = "cls" in exts and not _IMAGE_EXTS.isdisjoint(exts)
+            complete = labels.member in exts and not _IMAGE_EXTS.isdisjoint(exts)
             readable[0] = index + 1 if complete else max(index, 0)
             if complete and parts:
-                yield _to_raw(key, parts, shard, num_classes)
+                yield _to_raw(key, parts, url, labels)
             raise
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
@@ -153,24 +202,26 @@ def _samples(
         if member_key != key:
             readable[0] = index + 1
             if parts:
-                yield _to_raw(key, parts, shard, num_classes)
+                yield _to_raw(key, parts, url, labels)
                 parts = {}
             key, index = member_key, index + 1
             exts = set()
             if index >= stop:
                 return
         exts.add(ext)
-        if index < start or ext in _SKIPPED_EXTS:
+        if index < start or ext in labels.skipped:
             _skip(f, size)
             continue
-        data = bytearray(size)
-        if f.readinto(data) != size:
+        data = f.read(size)  # bytes, as webdataset's samples hold them; one read a member
+        if len(data) != size:
             raise ShardFormatError(f"member {name} is cut short")
         _skip(f, size, size)
         parts[ext] = data
     if parts:
-        sample = _to_raw(key, parts, shard, num_classes)
-        if isinstance(sample, CorruptImageError) and ("cls" not in parts or _IMAGE_EXTS.isdisjoint(parts)):
+        sample = _to_raw(key, parts, url, labels)
+        if isinstance(sample, CorruptImageError) and (
+            labels.member not in parts or _IMAGE_EXTS.isdisjoint(parts)
+        ):
             raise ShardFormatError(f"sample {key!r} is cut short")  # the shard ends inside it
         readable[0] = index + 1
         yield sample
@@ -257,21 +308,41 @@ def _text(name: bytes) -> str:
     return name.decode("utf-8", "surrogateescape")
 
 
+class _Labels:
+    """Which member of a sample holds its label (the split's, from the index), and how it is read."""
+
+    def __init__(
+        self,
+        labels: LabelSource,
+        class_to_idx: Mapping[str, int] | None,
+        num_classes: int | None,
+        *,
+        keep_all: bool,
+    ) -> None:
+        self.member = labels.member
+        self.num_classes = num_classes
+        # The .json member is read only when it holds the label or a stage may want it (pack
+        # writes one for people).
+        self.skipped = frozenset() if labels.member == "json" or keep_all else frozenset({"json"})
+        self.parse: Callable[[bytes], int] = functools.partial(labels.parse, class_to_idx=class_to_idx or {})
+
+
 def _to_raw(
-    key: str | None, parts: dict[str, bytearray], shard: str, num_classes: int | None
+    key: str | None, parts: dict[str, bytes], url: str, labels: _Labels
 ) -> RawSample | CorruptImageError:
+    shard = url.rsplit("/", 1)[-1]
     images = [ext for ext in parts if ext in _IMAGE_EXTS]
-    label = parts.get("cls")
+    label = parts.get(labels.member)
     if label is None or len(images) != 1:
-        return _corrupt(key, shard, f"members {sorted(parts)}, not one image and a .cls")
-    text = bytes(label[: _MAX_LABEL_DIGITS + 1]).strip()
-    if len(text) > _MAX_LABEL_DIGITS or not text.isdigit():
-        return _corrupt(key, shard, f"a .cls that is not a label: {bytes(label[:24])!r}")
-    value = int(text)
-    if num_classes is not None and value >= num_classes:
+        return _corrupt(key, shard, f"members {sorted(parts)}, not one image and a .{labels.member}")
+    try:
+        value = labels.parse(label)
+    except ValueError as e:  # says what the member holds
+        return _corrupt(key, shard, str(e))
+    num_classes = labels.num_classes
+    if num_classes is not None and not 0 <= value < num_classes:
         return _corrupt(key, shard, f"label {value}, outside the index's classes 0..{num_classes - 1}")
-    ext = images[0]
-    return RawSample(key=str(key), ext=ext, data=parts[ext], label=value, shard=shard)
+    return RawSample(parts, key=str(key), url=url, label=value, ext=images[0])
 
 
 def _corrupt(key: str | None, shard: str, reason: str) -> CorruptImageError:

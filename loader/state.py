@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from .control import CORRUPT, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
+from .control import CORRUPT, FILTERED, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
 from .errors import ConfigError, ResumeError
 
 __all__ = ["STATE_VERSION", "EpochState", "Stage", "check_settings", "settings"]
@@ -36,6 +36,7 @@ def settings(dataset: Any) -> dict[str, Any]:
         "shuffle_buffer": dataset.shuffle_buffer,
         "shuffle_initial": dataset.shuffle_initial,
         "drop_last": dataset.drop_last,
+        **dataset._mix_settings(),  # a MixedDataset's weights and shares (loader/mix.py)
     }
 
 
@@ -171,3 +172,12 @@ class EpochState:
         In train mode they were made up by repeating others; in eval mode they are missing.
         """
         return self._control.total(LOST)
+
+    @property
+    def filtered_samples(self) -> int:
+        """Samples the user's stages dropped, over all passes so far (all workers).
+
+        In train mode the raw stages' drops were made up by repeating kept samples (a batch keeps
+        its size); in eval mode they are missing from the pass, as are the image stages' drops.
+        """
+        return self._control.total(FILTERED)

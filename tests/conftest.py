@@ -159,3 +159,55 @@ def mixed_tree(tmp_path_factory, tiny_tree) -> Path:
 def mixed_packed(mixed_tree, packed_factory) -> Path:
     """``mixed_tree`` packed with the defaults (one format: JPEG) and a held-out val split."""
     return packed_factory(mixed_tree, shard_size=30_000, val_fraction=0.2)
+
+
+# ---- shards written by another tool (webdataset's ShardWriter), for `imgshards index` -------------
+
+
+def write_foreign_shards(tree: Path, dst: Path, *, per_shard: int = 10, shuffle: bool = False) -> list[dict]:
+    """Write ImageFolder ``tree`` as ``webdataset.ShardWriter`` shards into ``dst``; return the samples.
+
+    Each sample: ``jpg`` (the file's bytes), ``cls`` (the class id), ``json`` (``{"label": name,
+    "id": id}``). Keys have dots in their directory (``n00000000.v1/n00000000_3``); the first
+    sample's key is not ASCII, so its shard holds a pax header (``format="PAX_FORMAT"``). Samples
+    go in class order (one or two classes a shard), or shuffled with a fixed seed.
+    """
+    import webdataset as wds
+
+    classes = sorted(d.name for d in tree.iterdir())
+    samples = [
+        {"class": name, "id": i, "path": path}
+        for i, name in enumerate(classes)
+        for path in sorted((tree / name).iterdir())
+    ]
+    if shuffle:
+        random.Random(0).shuffle(samples)
+    dst.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(
+        str(dst / "shard-%06d.tar"), maxcount=per_shard, format="PAX_FORMAT", verbose=0
+    ) as sink:
+        for n, s in enumerate(samples):
+            stem = s["path"].stem if n else f"é-{s['path'].stem}"
+            s["key"] = f"{s['class']}.v1/{stem}"
+            s["jpg"] = s["path"].read_bytes()
+            sink.write(
+                {
+                    "__key__": s["key"],
+                    "jpg": s["jpg"],
+                    "cls": s["id"],
+                    "json": {"label": s["class"], "id": s["id"]},
+                }
+            )
+    return samples
+
+
+@pytest.fixture
+def foreign_factory(tmp_path):
+    """``foreign_factory(tree, **kw)``: :func:`write_foreign_shards` into a fresh directory."""
+    count = iter(range(1000))
+
+    def factory(tree: Path, **kwargs) -> tuple[Path, list[dict]]:
+        dst = tmp_path / f"foreign{next(count)}"
+        return dst, write_foreign_shards(tree, dst, **kwargs)
+
+    return factory

@@ -1,0 +1,97 @@
+"""``imgshards index SRC``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from imgshards.converter import IndexConfig, read_classes
+from imgshards.converter import index as index_shards
+from imgshards.converter.errors import UnreadableSamplesError
+
+from .exits import BadData
+from .options import format_bytes
+from .storage import PathOrURL, join, storage_option
+
+__all__ = ["index"]
+
+
+@click.command()
+@click.argument("src", type=PathOrURL())
+@click.option("--split", default="train", show_default=True, help="Name of the split these shards become.")
+@click.option(
+    "--shards", default="*.tar", show_default=True, help="Glob of the split's shard files directly in SRC."
+)
+@click.option(
+    "--label-field",
+    metavar="FIELD",
+    default=None,
+    help="Read each label from this field of the sample's .json [default: its .cls member].",
+)
+@click.option(
+    "--classes",
+    "classes_file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="Class names, one a line (line N names class id N), or a JSON list [default: those of the "
+    "splits already indexed, else derived: ids 0..max, or the label names sorted].",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a split of this name that `imgshards pack` made.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Shards read at once [default: all cores]."
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="Progress bar on stderr [default: when it is a terminal]."
+)
+@storage_option
+def index(
+    src: Path | str,
+    classes_file: Path | None,
+    progress: bool | None,
+    storage_options: dict[str, object],
+    **options: object,
+) -> None:
+    """Write index.json for WebDataset shards in SRC (directory or URL) that another tool wrote.
+
+    Reads every shard once (never writes to one): counts its samples, hashes it and reads each
+    sample's label, then writes SRC/index.json and timm's SRC/_info.json. Afterwards the loader,
+    verify, info and bench read SRC like a packed dataset. Run it once per split (--split, --shards).
+    """
+    if isinstance(src, Path) and storage_options:
+        raise click.UsageError("--storage-option applies to a URL only")
+    try:
+        config = IndexConfig(
+            classes=read_classes(classes_file) if classes_file else None,
+            progress=sys.stderr.isatty() if progress is None else progress,
+            **options,
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    try:
+        result = index_shards(src, config, storage_options=storage_options)
+    except UnreadableSamplesError as e:
+        raise BadData(str(e)) from e  # exit 1: the data is bad, as for verify
+    info, classes = result.info, result.manifest.classes
+    click.echo(
+        f"indexed split {result.split!r} of {src}: {info.samples:,} samples of {len(classes):,} classes "
+        f"in {len(info.shards):,} shards ({format_bytes(info.bytes)})"
+    )
+    kind = "names" if info.labels.names else "class ids"
+    member = f".json field {info.labels.key!r}" if info.labels.key else ".cls"
+    origin = {"given": f"from {classes_file}", "index": "kept from the index", "derived": "derived"}
+    click.echo(f"  labels: {kind} in {member}; classes {origin[result.classes_from]}: {_some(classes)}")
+    click.echo(
+        f"  classes per shard: {result.classes_per_shard:.1f} "
+        f"(shuffled shards would hold {result.shuffled_classes_per_shard:.1f})"
+    )
+    click.echo(f"  wrote {join(src, 'index.json')} and _info.json; the shards are unchanged")
+    for warning in result.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+
+
+def _some(names: tuple[str, ...]) -> str:
+    """A few class names, printable (a name from a foreign dataset may hold control characters)."""
+    shown = ", ".join(n.encode("unicode_escape").decode("ascii") for n in names[:3])
+    return shown + (f", ... ({len(names):,} in all)" if len(names) > 3 else "")

@@ -1,0 +1,201 @@
+"""``MixedDataset``: several packed datasets in one loader, in set proportions, batch by batch.
+
+Every batch of ``batch_size`` samples holds ``b_i`` samples of source ``i``: the batch size split in
+proportion to the weights (largest remainders, at least one sample of every source). Each source is
+a :class:`~imgshards.loader.ShardDataset` of its own with batch size ``b_i``, partitioned over ranks
+and workers like any other; a pass zips their raw batches (batch ``k`` of every source makes batch
+``k`` of the mix), shuffles each within the batch, then decodes, transforms and stacks it once.
+
+What holds, for ``W`` ranks:
+
+- **Proportions**: exactly ``b_i / batch_size`` of every batch comes from source ``i``, so of every
+  epoch (stratified, not drawn at random: no sampling error at all).
+- **Equal batches per rank**: an epoch is ``min_i len(source_i)`` batches on every rank, a source
+  with more samples than its share leaving different ones out each epoch (its order is reshuffled).
+- **Exact resume**: ``k`` batches delivered are ``k`` batches of every source, each of which
+  resumes at its batch ``k`` (elastic resume onto another topology included).
+
+Labels: sources with the same class list share it; otherwise source ``i``'s labels are shifted by
+the classes of the sources before it, and :attr:`MixedDataset.classes` lists them all in that order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+from imgshards.converter.manifest import read_manifest
+
+from . import passes
+from .batch import Batch, BufferPool
+from .control import SharedControl
+from .dataset import ShardDataset
+from .errors import ConfigError
+from .offload import RawBatch
+from .profiling.stagetimes import NO_CLOCK
+from .remote import ShardSource
+from .stages import LABEL
+
+__all__ = ["MixedDataset", "split_batch"]
+
+Source = str | os.PathLike[str] | ShardSource
+_TAG_MIX = 5
+
+
+def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
+    """Samples of each source in a batch: ``batch_size`` split by ``weights``, largest remainders first.
+
+    Raises:
+        ConfigError: a weight is not positive, or so small that its source gets no sample a batch.
+
+    """
+    if not weights or any(not w > 0 for w in weights):
+        raise ConfigError(f"weights must be positive numbers, one a source; got {list(weights)}")
+    share = np.asarray(weights, dtype=float) / float(sum(weights)) * batch_size
+    counts = np.floor(share).astype(int)
+    for i in np.argsort(-(share - counts), kind="stable")[: batch_size - int(counts.sum())]:
+        counts[i] += 1
+    if (counts == 0).any():
+        low = int(np.flatnonzero(counts == 0)[0])
+        raise ConfigError(
+            f"weight {weights[low]} of source {low} is under one sample in a batch of {batch_size}; "
+            "raise batch_size or that weight"
+        )
+    return [int(c) for c in counts]
+
+
+class MixedDataset(ShardDataset):
+    """Batches mixing several packed datasets (same split name) in proportion to ``weights``.
+
+    Args:
+        sources: Directories, URLs or :class:`~imgshards.loader.ShardSource` of packed (or indexed)
+            datasets.
+        weights: Share of each source in every batch; default: in proportion to their samples.
+        batch_size: Samples per batch, all sources together.
+        split: The split read from every source.
+        seed: Seed of every random choice (each source draws from its own stream of it).
+        **options: As for :class:`~imgshards.loader.ShardDataset` (``transform``, ``raw_stages``,
+            ``decode_on``, ``rank``...); train mode only, and no ``drop_last``.
+
+    Raises:
+        ConfigError: fewer than two sources, eval mode, or a weight too small for the batch size.
+
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        *,
+        weights: Sequence[float] | None = None,
+        batch_size: int = 64,
+        split: str = "train",
+        seed: int = 0,
+        **options: Any,
+    ) -> None:
+        IterableDataset.__init__(self)
+        if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
+            raise ConfigError("a MixedDataset takes two sources or more; for one, use ShardDataset")
+        if options.get("mode", "train") != "train" or options.get("drop_last"):
+            raise ConfigError(
+                "a mix is for training (mode='train', no drop_last): evaluate each dataset on its own"
+            )
+        sizes = [_samples(s, split, options.get("storage_options")) for s in sources]
+        self.weights = tuple(float(w) for w in (weights or sizes))
+        if len(self.weights) != len(sources):
+            raise ConfigError(f"{len(self.weights)} weights for {len(sources)} sources")
+        self.shares = split_batch(batch_size, self.weights)
+        self.parts = [
+            ShardDataset(s, split=split, batch_size=b, seed=seed + i, **options)
+            for i, (s, b) in enumerate(zip(sources, self.shares, strict=True))
+        ]
+        first = self.parts[0]
+        # The mix's settings are its parts' (the same for every part, but the batch size and seed).
+        self.__dict__.update({k: v for k, v in vars(first).items() if k not in ("_control", "parts")})
+        self.batch_size, self.seed = batch_size, seed
+        self._control = SharedControl()
+        for part in self.parts:
+            part._control = self._control  # one epoch, one position, one set of counters
+        same = all(p.manifest.classes == first.manifest.classes for p in self.parts)
+        self._offsets = [0] * len(self.parts)
+        if not same:
+            self._offsets = list(np.cumsum([0] + [len(p.manifest.classes) for p in self.parts[:-1]]))
+        self._classes = first.classes if same else [c for p in self.parts for c in p.classes]
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names; a label is a position here (see the module docstring for differing sources)."""
+        return list(self._classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label (the last source's, for a name that several sources have)."""
+        return {name: i for i, name in enumerate(self._classes)}
+
+    @property
+    def num_samples(self) -> int:
+        """Samples of all the sources together."""
+        return sum(p.num_samples for p in self.parts)
+
+    @property
+    def dropped_per_epoch(self) -> int:
+        """Samples of the sources no rank sees in one epoch (past the shortest source's epoch)."""
+        return self.num_samples - len(self) * self.world_size * self.batch_size
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch: the shortest source's."""
+        return sum(k for _, _, k in self._control.stages) + self._stage_batches()
+
+    def _stage_batches(self) -> int:
+        return min(p._stage_batches() for p in self.parts)
+
+    def _mix_settings(self) -> dict[str, Any]:
+        return {"weights": list(self.weights), "shares": list(self.shares)}
+
+    def _batches(
+        self,
+        epoch: int,
+        stages: tuple[tuple[int, int, int], ...],
+        first: int,
+        worker: int,
+        num_workers: int,
+        *,
+        pool: BufferPool | None,
+    ) -> Iterator[Batch | RawBatch]:
+        clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
+        streams = [
+            passes.raw_batches(p, epoch, stages, first, worker, num_workers, clock=clock) for p in self.parts
+        ]
+
+        def zipped() -> Iterator[tuple[int, list[Any]]]:
+            for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
+                k = batches[0][0]
+                samples = [
+                    {**s, LABEL: s[LABEL] + offset} if offset else s
+                    for (_, part), offset in zip(batches, self._offsets, strict=True)
+                    for s in part
+                ]
+                rng = np.random.default_rng([self.seed, epoch, _TAG_MIX, self.rank, worker, k])
+                yield k, [samples[i] for i in rng.permutation(len(samples))]
+            for stream in streams:
+                stream.close()  # type: ignore[attr-defined]
+
+        yield from passes.finish(self, zipped(), epoch, stages, worker, num_workers, pool=pool, clock=clock)
+        for part in self.parts:
+            part.source.settle()
+
+    def __repr__(self) -> str:
+        roots = ", ".join(repr(str(p.root)) for p in self.parts)
+        return (
+            f"{type(self).__name__}([{roots}], weights={list(self.weights)}, shares={self.shares}, "
+            f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size})"
+        )
+
+
+def _samples(source: Source, split: str, storage_options: Any) -> int:
+    if isinstance(source, ShardSource):
+        return read_manifest(source.root, storage_options=source.storage_options).split(split).samples
+    return read_manifest(source, storage_options=storage_options).split(split).samples

@@ -1,0 +1,207 @@
+"""``imgshards index``: an index for shards that webdataset's ShardWriter wrote, read, never written."""
+
+import hashlib
+import json
+import shutil
+
+import fsspec
+import pytest
+import webdataset as wds
+from click.testing import CliRunner
+
+from imgshards.cli.main import cli
+from imgshards.converter import (
+    DestinationError,
+    IndexConfig,
+    ManifestError,
+    SourceError,
+    index,
+    read_classes,
+    read_manifest,
+    verify,
+    verify_url,
+)
+from imgshards.converter.manifest import INDEX_NAME, TIMM_INFO_NAME
+
+# `bench` decodes through torchvision, whose codecs 0.29 deprecates (as in tests/loader).
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+
+def snapshot(root):
+    return {
+        p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in root.iterdir()
+    }
+
+
+@pytest.fixture
+def foreign(foreign_factory, tiny_tree):
+    """4 class-sorted ShardWriter shards of 10 samples (one class each) and their samples."""
+    return foreign_factory(tiny_tree)
+
+
+def test_index_reads_shards_never_writes_them_and_verify_passes(foreign):
+    root, samples = foreign
+    before = snapshot(root)
+    result = index(root, IndexConfig(workers=2))
+    after = snapshot(root)
+    assert {k: v for k, v in after.items() if k not in (INDEX_NAME, TIMM_INFO_NAME)} == before
+    split = read_manifest(root).split("train")
+    assert [s.name for s in split.shards] == sorted(before)
+    assert [s.samples for s in split.shards] == [10, 10, 10, 10] and split.samples == len(samples)
+    assert [s.bytes for s in split.shards] == [(root / s.name).stat().st_size for s in split.shards]
+    assert split.shards[0].sha256 == hashlib.sha256((root / split.shards[0].name).read_bytes()).hexdigest()
+    assert result.manifest.classes == ("0", "1", "2", "3") and result.classes_from == "derived"
+    assert split.class_counts == (10, 10, 10, 10)
+    info = json.loads((root / TIMM_INFO_NAME).read_text())
+    assert info["splits"]["train"]["shard_lengths"] == [10, 10, 10, 10]
+    report = verify(root, workers=2)  # keys with dots in their folder, a pax header: 40 samples
+    assert report.ok, report.problems
+
+
+def test_labels_from_a_json_field_by_name_or_id(foreign, tiny_tree):
+    root, _ = foreign
+    names = tuple(sorted(d.name for d in tiny_tree.iterdir()))
+    by_name = index(root, IndexConfig(label_field="label", workers=1))
+    assert by_name.manifest.classes == names and by_name.info.labels.names
+    assert by_name.info.labels.member == "json" and by_name.info.labels.key == "label"
+    assert verify(root, workers=1).ok
+    by_id = index(root, IndexConfig(label_field="id", classes=names, workers=1))
+    assert by_id.classes_from == "given" and not by_id.info.labels.names
+    assert by_id.info.class_counts == (10, 10, 10, 10) and verify(root, workers=1).ok
+
+
+def test_class_sorted_shards_are_warned_about_and_shuffled_ones_are_not(foreign_factory, tiny_tree):
+    sorted_root, _ = foreign_factory(tiny_tree)
+    result = index(sorted_root, IndexConfig(workers=1))
+    assert result.classes_per_shard == 1.0 and result.shuffled_classes_per_shard > 3.5
+    assert len(result.warnings) == 1 and "class-sorted" in result.warnings[0]
+    shuffled_root, _ = foreign_factory(tiny_tree, shuffle=True)
+    result = index(shuffled_root, IndexConfig(workers=1))
+    assert result.classes_per_shard > 3 and not result.warnings
+
+
+def test_a_second_split_keeps_the_classes_and_may_not_share_shards(foreign, tiny_tree):
+    root, _ = foreign
+    names = tuple(sorted(d.name for d in tiny_tree.iterdir()))
+    train = IndexConfig(shards="shard-00000[01].tar", label_field="label", workers=1)
+    index(root, train)  # classes derived from its labels: the first two
+    with pytest.raises(DestinationError, match=r"not among the classes of split\(s\) \['train'\]"):
+        index(root, IndexConfig(split="val", shards="shard-00000[23].tar", label_field="label", workers=1))
+    index(root, IndexConfig(shards="shard-00000[01].tar", label_field="label", classes=names, workers=1))
+    val = index(root, IndexConfig(split="val", shards="shard-00000[23].tar", label_field="label", workers=1))
+    assert val.classes_from == "index" and val.info.class_counts == (0, 0, 10, 10)
+    assert sorted(read_manifest(root).splits) == ["train", "val"] and verify(root, workers=1).ok
+    with pytest.raises(
+        DestinationError, match=r"2 of these shards are already in split 'train' \(shard-000000\.tar"
+    ):
+        index(root, IndexConfig(split="test", workers=1))
+
+
+def test_a_split_that_pack_made_is_replaced_only_with_overwrite(tiny_packed, tmp_path):
+    root = shutil.copytree(tiny_packed, tmp_path / "packed")
+    with pytest.raises(DestinationError, match="made by `imgshards pack`"):
+        index(root, IndexConfig(shards="train-*.tar", workers=1))
+    result = index(root, IndexConfig(shards="train-*.tar", overwrite=True, workers=1))
+    assert result.info.samples == 40 and verify(root, workers=1).ok
+
+
+def test_another_tools_index_json_is_left_alone(foreign):
+    root, _ = foreign
+    theirs = '{"version": 2, "shards": []}'  # MosaicML streaming's index.json, say
+    (root / INDEX_NAME).write_text(theirs)
+    with pytest.raises(DestinationError, match="move it away first"):
+        index(root, IndexConfig(workers=1))
+    assert (root / INDEX_NAME).read_text() == theirs
+
+
+def write(path, samples, **kw):
+    with wds.TarWriter(str(path), **kw) as sink:
+        for s in samples:
+            sink.write(s)
+
+
+def test_samples_the_loader_cannot_read_are_named(tmp_path, tiny_tree):
+    jpg = next(tiny_tree.rglob("*.JPEG")).read_bytes()
+    write(
+        tmp_path / "a.tar", [{"__key__": "x/ok", "jpg": jpg, "cls": 0}, {"__key__": "x/nolabel", "jpg": jpg}]
+    )
+    write(tmp_path / "b.tar", [{"__key__": "y/odd", "jpeg": jpg, "cls": 1}])
+    with pytest.raises(SourceError) as e:
+        index(tmp_path, IndexConfig(workers=1))
+    message = str(e.value)
+    assert "2 sample(s) in 2 of 2 shards" in message
+    assert "a.tar: sample 'x/nolabel' has no .cls member" in message
+    assert "b.tar: sample 'y/odd' has members ['cls', 'jpeg']: not one image among jpg" in message
+    assert not (tmp_path / INDEX_NAME).exists()
+    result = CliRunner().invoke(cli, ["index", str(tmp_path)])
+    assert result.exit_code == 1 and "x/nolabel" in result.output  # the data is bad
+
+
+def test_bad_labels_and_classes_are_refused(tmp_path, tiny_tree):
+    jpg = next(tiny_tree.rglob("*.JPEG")).read_bytes()
+    write(
+        tmp_path / "a.tar",
+        [{"__key__": f"k{i}", "jpg": jpg, "cls": i, "json": {"c": c}} for i, c in enumerate([3, "dog"])],
+    )
+    with pytest.raises(SourceError, match="holds both class ids and names"):
+        index(tmp_path, IndexConfig(label_field="c", workers=1))
+    with pytest.raises(SourceError, match="class id 1, but there are 1 classes given"):
+        index(tmp_path, IndexConfig(classes=("cat",), workers=1))
+    with pytest.raises(SourceError, match=r"no shard in .* matches 'val-\*\.tar'"):
+        index(tmp_path, IndexConfig(shards="val-*.tar", workers=1))
+    with pytest.raises(ValueError, match="glob of file names"):
+        IndexConfig(shards="sub/*.tar")
+
+
+def test_class_names_file_one_a_line_or_json(tmp_path):
+    (tmp_path / "c.txt").write_text("cat\ndog\n\n")
+    (tmp_path / "c.json").write_text('["cat", "dog"]')
+    assert read_classes(tmp_path / "c.txt") == read_classes(tmp_path / "c.json") == ("cat", "dog")
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(SourceError, match="holds no class names"):
+        read_classes(tmp_path / "empty.txt")
+
+
+def test_cli_index_then_verify_info_and_bench(foreign, tmp_path, tiny_tree):
+    root, _ = foreign
+    classes = tmp_path / "classes.txt"
+    classes.write_text("".join(f"{d.name}\n" for d in sorted(tiny_tree.iterdir())))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["index", str(root), "--classes", str(classes), "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert "indexed split 'train'" in result.stdout and "40 samples of 4 classes in 4 shards" in result.stdout
+    assert "warning: shards look class-sorted" in result.stderr
+    assert runner.invoke(cli, ["verify", str(root)]).exit_code == 0
+    assert "train: 40 samples" in runner.invoke(cli, ["info", str(root)]).stdout
+    bench = ["bench", str(root), "--workers", "0", "--batches", "2", "--batch-size", "8", "--no-progress"]
+    benched = runner.invoke(cli, bench)
+    assert benched.exit_code == 0 and "40 images in 4 shards" in benched.stdout, benched.output
+    bad = runner.invoke(cli, ["index", str(root), "--shards", "nothing-*.tar"])
+    assert bad.exit_code == 2  # cannot run
+    assert bad.output.startswith("Error: no shard in") and "Traceback" not in bad.output
+
+
+def test_a_url_is_read_and_indexed_through_fsspec(foreign):
+    root, _ = foreign
+    fs = fsspec.filesystem("memory")
+    url = "memory://imgshards-index-test"
+    for path in root.iterdir():
+        fs.pipe_file(f"{url}/{path.name}", path.read_bytes())
+    try:
+        result = index(url, IndexConfig(label_field="label", workers=2))
+        assert result.info.samples == 40
+        assert read_manifest(url).split("train") == result.info
+        assert verify_url(url).ok
+    finally:
+        fs.rm(url, recursive=True)
+
+
+def test_a_hostile_labels_entry_is_refused_naming_the_field(foreign):
+    root, _ = foreign
+    index(root, IndexConfig(label_field="label", workers=1))
+    document = json.loads((root / INDEX_NAME).read_text())
+    for bad in ({"member": "txt"}, {"member": "json", "key": ""}, {"member": "cls", "key": "x"}, [1]):
+        document["splits"]["train"]["labels"] = bad
+        (root / INDEX_NAME).write_text(json.dumps(document))
+        with pytest.raises(ManifestError, match=r"splits\.train\.labels"):
+            read_manifest(root)

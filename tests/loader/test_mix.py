@@ -1,0 +1,90 @@
+"""MixedDataset: two datasets in one loader, weighted: proportions, equal batches per rank, exact resume.
+
+Source A is ``packed_many`` (115 samples of 5 classes, packed); source B is 40 samples of 4 other
+classes written by webdataset's ShardWriter and indexed: their class lists differ, so B's labels
+come after A's and tell the sources apart.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from itertools import islice
+
+import pytest
+import torch
+
+from imgshards.converter import IndexConfig, index
+from imgshards.loader import ConfigError, MixedDataset, ShardDataset, make_loader
+from imgshards.loader.mix import split_batch
+
+IDENTITY = torch.nn.Identity()
+
+
+@pytest.fixture
+def sources(packed_many, foreign_factory, tiny_tree):
+    b, _ = foreign_factory(tiny_tree, per_shard=7, shuffle=True)
+    index(b, IndexConfig(workers=1))
+    return packed_many, b
+
+
+def test_batches_split_by_weights():
+    assert split_batch(8, [3, 1]) == [6, 2]
+    assert split_batch(10, [1, 1, 1]) == [4, 3, 3]
+    assert split_batch(64, [115, 40]) == [47, 17]
+    with pytest.raises(ConfigError, match="under one sample in a batch of 8"):
+        split_batch(8, [100, 1])
+    with pytest.raises(ConfigError, match="positive"):
+        split_batch(8, [1, 0])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_batch_holds_the_weights_share_and_ranks_yield_equal_batches(sources, num_workers):
+    a, b = sources
+    lens, per_source = [], Counter()
+    for rank in (0, 1):
+        ds = MixedDataset([a, b], weights=[3, 1], batch_size=8, transform=IDENTITY, rank=rank, world_size=2)
+        assert ds.shares == [6, 2] and ds.classes == ShardDataset(a).classes + ShardDataset(b).classes
+        batches = list(make_loader(ds, num_workers=num_workers))
+        lens.append(len(batches))
+        assert len(batches) == len(ds) == 10  # A: 57 a rank in 6s, B: 20 in 2s: 10 batches each
+        for batch in batches[:-1]:
+            counts = Counter("B" if y >= 5 else "A" for y in batch.labels.tolist())
+            assert counts == {"A": 6, "B": 2}
+            assert batch.labels.tolist() != sorted(batch.labels.tolist())  # shuffled within the batch
+        per_source.update("B" if y >= 5 else "A" for b_ in batches for y in b_.labels.tolist())
+    assert lens == [10, 10]
+    # Over the epoch: 3:1 but for the last, partial batch (A 3, B 2 a rank).
+    assert per_source == {"A": 2 * (9 * 6 + 3), "B": 2 * (9 * 2 + 2)}
+
+
+def test_default_weights_follow_the_sizes_and_resume_is_exact(sources):
+    a, b = sources
+
+    def loader():
+        ds = MixedDataset([a, b], batch_size=8, transform=IDENTITY)
+        return make_loader(ds, num_workers=2)
+
+    assert loader().dataset.shares == split_batch(8, [115, 40]) == [6, 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        full = [b_ for b_ in loader()]
+        first = loader()
+        head = list(islice(first, 4))
+        second = loader()
+        second.load_state_dict(first.state_dict())
+        tail = list(second)
+    assert len(full) == len(head) + len(tail)
+    for x, y in zip(head + tail, full, strict=True):
+        assert torch.equal(x.images, y.images) and torch.equal(x.labels, y.labels)
+    other = make_loader(MixedDataset([a, b], weights=[1, 1], batch_size=8, transform=IDENTITY), num_workers=0)
+    with pytest.raises(Exception, match="weights"):
+        other.load_state_dict(first.state_dict())
+
+
+def test_a_mix_is_for_training(sources):
+    a, b = sources
+    with pytest.raises(ConfigError, match="a mix is for training"):
+        MixedDataset([a, b], mode="eval")
+    with pytest.raises(ConfigError, match="two sources or more"):
+        MixedDataset([a])
