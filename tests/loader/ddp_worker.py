@@ -6,15 +6,13 @@ Run as ``python ddp_worker.py CONFIG_JSON RANK``. Images are identified by a has
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import json
 import pickle
-import sys
 from itertools import islice
 
 import torch
 import torch.distributed as dist
+from gloo_rank import join_group
 
 from imgshards.loader import Batch, ShardDataset, ShardLoader, make_loader
 
@@ -24,14 +22,7 @@ def hashes(batch: Batch) -> list[str]:
 
 
 def main() -> None:
-    cfg, rank = json.loads(sys.argv[1]), int(sys.argv[2])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{cfg['port']}",
-        rank=rank,
-        world_size=cfg["world_size"],
-        timeout=datetime.timedelta(seconds=60),
-    )
+    cfg, rank = join_group()
     out = {}
     for name, root in cfg["datasets"].items():
 

@@ -8,27 +8,19 @@ loader state to ``out.RANK``.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
-import sys
 from itertools import islice
 
 import torch
 import torch.distributed as dist
+from gloo_rank import join_group
 
 from imgshards.loader import ShardDataset, make_loader
 
 
 def main() -> None:
-    cfg, rank = json.loads(sys.argv[1]), int(sys.argv[2])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{cfg['port']}",
-        rank=rank,
-        world_size=cfg["world_size"],
-        timeout=datetime.timedelta(seconds=60),
-    )
+    cfg, rank = join_group()
     ds = ShardDataset(cfg["root"], batch_size=cfg["batch_size"], transform=torch.nn.Identity())
     loader = make_loader(ds, num_workers=cfg["num_workers"])
     if cfg.get("state_in"):

@@ -6,16 +6,14 @@ gradients are, so a rank with more batches than another would hang (and time out
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import json
 import pickle
-import sys
 import warnings
 
 import torch
 import torch.distributed as dist
 import webdataset as wds
+from gloo_rank import join_group
 
 from imgshards.loader import Batch, MixedDataset, ShardDataset, make_loader, stages
 
@@ -32,14 +30,7 @@ def dropped(sample: dict) -> bool:
 
 
 def main() -> None:
-    cfg, rank = json.loads(sys.argv[1]), int(sys.argv[2])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{cfg['port']}",
-        rank=rank,
-        world_size=cfg["world_size"],
-        timeout=datetime.timedelta(seconds=60),
-    )
+    cfg, rank = join_group()
     warnings.simplefilter("ignore", RuntimeWarning)  # the epochs' reports of what the filter dropped
 
     def dataset(source, mode: str, **kw) -> ShardDataset:
