@@ -11,6 +11,7 @@ import logging
 import socket
 import subprocess
 import sys
+import warnings
 from itertools import islice
 from pathlib import Path
 
@@ -77,7 +78,17 @@ def torchrun(mode: str, cfg: dict, tmp_path: Path, name: str) -> list[dict]:
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
         "--master_port", str(free_port()), str(WORKER), mode, json.dumps(cfg),
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        # Seen once in about ten suite runs, in the resumed phase, with nothing printed after the
+        # process group's start; not reproduced since (open question, see the README's "In trainers").
+        # Say what the stuck run printed, then run the phase once more on a fresh port: what it
+        # delivers is still checked exactly by the caller.
+        tail = (e.stderr or b"")[-2000:].decode("utf-8", "replace") if isinstance(e.stderr, bytes) else ""
+        warnings.warn(f"torchrun {mode} {name} timed out, retrying; its stderr ended: {tail}", stacklevel=2)
+        cmd[cmd.index("--master_port") + 1] = str(free_port())
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((tmp_path / f"{name}.{rank}").read_text()) for rank in range(2)]
 
