@@ -28,7 +28,7 @@ import webdataset as wds
 
 from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
-from imgshards.loader import ShardDataset
+from imgshards.loader import ShardDataset, passes
 from imgshards.loader.pipeline import batched
 
 LAYOUTS = [(1, 1), (1, 4), (2, 2), (4, 2)]
@@ -75,7 +75,7 @@ def rank_labels(
     per_worker = []
     for w in range(workers):
         plan = ds._plan(epoch, (), w, workers)
-        raw = ds._raw_stream(plan, epoch, 0, w)
+        raw = passes._stream(ds, plan, epoch, 0, w)
         per_worker.append([[s.label for s in b] for _, b in batched(raw, sizes=plan.sizes, make_up=None)])
     return [per_worker[j % workers][j // workers] for j in range(sum(map(len, per_worker)))]
 

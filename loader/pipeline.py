@@ -1,12 +1,12 @@
-"""The stages of one worker's pass over its part of an epoch, each a generator or a plain function.
+"""The raw-sample stages of one worker's pass, each a generator or a plain function.
 
-:class:`~imgshards.loader.ShardDataset` wires them in this order::
+:mod:`.passes` wires them, then the decode and batch stages of :mod:`.stages`::
 
     elastic.plan (partition.worker_plan) -> read_runs -> sample_stream (interleave -> buffer_shuffle)
-        -> batched (skip delivered, make up lost samples) -> decode_batch (decode -> transform)
-        -> batch.collate
+        -> batched (skip delivered, make up lost samples) -> stages (decode -> transform -> collate)
 
-Everything before ``decode_batch`` handles raw bytes, so shuffling and resume skipping never decode.
+Everything here handles raw bytes, so shuffling and resume skipping never decode. The per-batch
+augmentation seed (:func:`augment_seed`, :func:`seeded`) is shared by the workers and the device path.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ import torch
 
 from imgshards.converter.manifest import SplitInfo
 
-from .decode import decode
 from .errors import CorruptImageError, ShardReadError
 from .partition import Segment
-from .presets import Transform
-from .profiling.stagetimes import AUGMENT, DECODE, NO_CLOCK, NoClock, StageClock
 from .reader import RawSample, read_run
 from .remote import ShardSource
 from .shuffle import buffer_shuffle, interleave
@@ -36,7 +33,6 @@ from .shuffle import buffer_shuffle, interleave
 __all__ = [
     "augment_seed",
     "batched",
-    "decode_batch",
     "read_elsewhere",
     "read_runs",
     "sample_stream",
@@ -222,30 +218,6 @@ def _make_up(recent: deque[RawSample], missing: int) -> list[RawSample]:
     pool = list(recent)
     assert pool, "make_up() found no sample"
     return [pool[i % len(pool)] for i in range(missing)]
-
-
-def decode_batch(
-    samples: Sequence[RawSample],
-    transform: Transform,
-    *,
-    on_corrupt: Callable[[CorruptImageError], None] | None,
-    clock: StageClock | NoClock = NO_CLOCK,
-) -> tuple[list[torch.Tensor], list[int]]:
-    """Decode and transform ``samples``; an image that does not decode goes to ``on_corrupt`` (or raises)."""
-    images: list[torch.Tensor] = []
-    labels: list[int] = []
-    decode_, transform_ = clock.timed(DECODE, decode), clock.timed(AUGMENT, transform)
-    for s in samples:
-        try:
-            image = decode_(s.data, s.ext, key=s.key, shard=s.shard)
-        except CorruptImageError as e:
-            if on_corrupt is None:
-                raise
-            on_corrupt(e)
-            continue
-        images.append(transform_(image))
-        labels.append(s.label)
-    return images, labels
 
 
 def augment_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:
