@@ -7,12 +7,11 @@ Run as ``python ddp_worker.py CONFIG_JSON RANK``. Images are identified by a has
 from __future__ import annotations
 
 import hashlib
-import pickle
 from itertools import islice
 
 import torch
 import torch.distributed as dist
-from gloo_rank import join_group
+from gloo_rank import join_group, leave_group
 
 from imgshards.loader import Batch, ShardDataset, ShardLoader, make_loader
 
@@ -55,10 +54,7 @@ def main() -> None:
         result["eval_len"] = len(ev)
         result["eval"] = [hashes(b) for b in ev]
         out[name] = result
-    dist.barrier()
-    with open(f"{cfg['out']}.{rank}", "wb") as f:
-        pickle.dump(out, f)
-    dist.destroy_process_group()
+    leave_group(cfg, rank, out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What every rank script of the multi-rank tests starts with: its config and rank, and a gloo group.
+"""How every rank script of the multi-rank tests starts and ends: config and rank, a gloo group, results.
 
 The scripts (``ddp_worker.py``, ``elastic_worker.py``, ``stages_worker.py``) run as
 ``python SCRIPT CONFIG_JSON RANK``; this module sits beside them, so they import it by name.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import pickle
 import sys
 from typing import Any
 
@@ -25,3 +26,11 @@ def join_group() -> tuple[dict[str, Any], int]:
         timeout=datetime.timedelta(seconds=60),
     )
     return cfg, rank
+
+
+def leave_group(cfg: dict[str, Any], rank: int, out: Any) -> None:
+    """Pickle what this rank saw to ``{cfg['out']}.{rank}`` once every rank is done, then leave."""
+    dist.barrier()
+    with open(f"{cfg['out']}.{rank}", "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()

@@ -7,13 +7,12 @@ gradients are, so a rank with more batches than another would hang (and time out
 from __future__ import annotations
 
 import hashlib
-import pickle
 import warnings
 
 import torch
 import torch.distributed as dist
 import webdataset as wds
-from gloo_rank import join_group
+from gloo_rank import join_group, leave_group
 
 from imgshards.loader import Batch, MixedDataset, ShardDataset, make_loader, stages
 
@@ -70,10 +69,7 @@ def main() -> None:
     for batch in mix:
         out["mix"].append(pairs(batch))
         dist.all_reduce(torch.ones(1))
-    dist.barrier()
-    with open(f"{cfg['out']}.{rank}", "wb") as f:
-        pickle.dump(out, f)
-    dist.destroy_process_group()
+    leave_group(cfg, rank, out)
 
 
 if __name__ == "__main__":
