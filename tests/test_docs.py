@@ -225,3 +225,20 @@ def test_a_fence_without_a_language_or_unclosed_is_refused(tmp_path):
     page.write_text("<!-- no-test: -->\n```bash\nls\n```\n")
     with pytest.raises(ValueError, match="without a reason"):
         extract_blocks(page)
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(page: Path):
+    # A page moved or renamed must not leave links to nowhere (URLs and #anchors are not checked).
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    broken = [
+        m["target"]
+        for m in LINK.finditer(text)
+        if "://" not in m["target"]
+        and not m["target"].startswith("#")
+        and not (page.parent / m["target"].split("#")[0]).exists()
+    ]
+    assert not broken, f"{page.name}: links to missing files: {broken}"
