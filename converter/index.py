@@ -162,7 +162,7 @@ def index(
             f"({shuffled:.1f} if shuffled). A loader worker mixes the few dozen shards it reads at a time "
             "and its shuffle buffer, so a batch holds fewer classes than shuffled shards would give it "
             f"(a batch sees all {len(classes)} only from ~{math.ceil(len(classes) / max(observed, 1))} "
-            "shards read at once; README, 'Index a dataset you already have', has measured figures). "
+            "shards read at once; docs/foreign-shards.md has measured figures). "
             "`imgshards pack` shuffles globally."
         )
     split = SplitInfo(

@@ -1,4 +1,4 @@
-"""CI runs the README's set-up, word for word, in a virtual environment it makes itself."""
+"""CI runs the README's set-up, word for word, in a fresh clone and a virtual environment it makes itself."""
 
 import re
 from pathlib import Path
@@ -13,13 +13,40 @@ def _setup_commands() -> list[str]:
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
+def _ci_lines() -> list[str]:
+    return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+
+
+def _first(lines: list[str], predicate) -> int:
+    return next(i for i, line in enumerate(lines) if predicate(line))
+
+
 def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     commands = _setup_commands()
     assert commands == ['pip install -e ".[dev]" && imgshards demo', "python -m pytest"]
-    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    ci = _ci_lines()
     for command in commands:
         assert command in ci, f"the README's {command!r} is not what .ci/run runs"
-    venv = next(i for i, line in enumerate(ci) if line.startswith("python3 -m venv"))
-    activate = next(i for i, line in enumerate(ci) if line.startswith("source ") and "bin/activate" in line)
+    venv = _first(ci, lambda line: line.startswith("python3 -m venv"))
+    activate = _first(ci, lambda line: line.startswith("source ") and "bin/activate" in line)
     assert venv < activate < ci.index(commands[0])
     assert "--system-site-packages" not in ci[venv]
+
+
+def test_ci_runs_them_in_a_fresh_clone_with_no_shared_beside_it():
+    ci = _ci_lines()
+    install, test = ci.index('pip install -e ".[dev]" && imgshards demo'), ci.index("python -m pytest")
+    clone = _first(ci, lambda line: line.startswith("git clone "))
+    assert ci[clone].endswith('"$checkout" "$clone"')
+    cd = _first(ci, lambda line: line == 'cd "$clone"')
+    assert clone < cd < install < test, "install and tests run inside the clone"
+    # The clone's parent is a new temporary directory; ../shared appears beside it only after the
+    # first test run (the second run, with the real photos).
+    assert ci[_first(ci, lambda line: line.startswith("work=$(mktemp -d"))]
+    link = [i for i, line in enumerate(ci) if line.startswith("ln -s ") and '"$work/shared"' in line]
+    assert all(i > test for i in link)
+    # pytest's exit status is checked, and 5 (no test collected) is a failure.
+    after = ci[test + 1 : test + 4]
+    assert "status=$?" in after and any(line.startswith("tests_passed ") for line in after)
+    passed = "\n".join(ci[_first(ci, lambda line: line.startswith("tests_passed()")) :])
+    assert re.search(r"0\) return 0 ;;", passed) and not re.search(r"5\) return 0", passed)

@@ -89,3 +89,19 @@ def test_the_guard_sees_notebooks_and_benchmarks():
     # The notebook's own imports are read (matplotlib, say), not only the test that runs it.
     notebook = next(s for p, s in sources.items() if p.suffix == ".ipynb")
     assert "matplotlib" in _top_level_imports(notebook)
+
+
+def test_the_dev_extra_holds_every_other_extra():
+    # `pip install -e ".[dev]"` (the README's set-up, what CI installs) is enough for the remote
+    # file systems, bench --plot and the notebooks: every other extra's packages are in dev. Except
+    # gcs: nothing here reaches Google Cloud Storage, and no test imports gcsfs.
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dev = {_normalize(re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0]) for req in extras["dev"]}
+    assert {"jupyterlab", "ipywidgets"} <= {_normalize(req.split(">")[0]) for req in extras["notebooks"]}
+    for name, requirements in extras.items():
+        if name == "gcs":
+            continue
+        for req in requirements:
+            base = _normalize(re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0])
+            assert base in dev, f"the {name!r} extra's {req!r} is not in the dev extra"

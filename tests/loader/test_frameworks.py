@@ -82,7 +82,7 @@ def torchrun(mode: str, cfg: dict, tmp_path: Path, name: str) -> list[dict]:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as e:
         # Seen once in about ten suite runs, in the resumed phase, with nothing printed after the
-        # process group's start; not reproduced since (open question, see the README's "In trainers").
+        # process group's start; not reproduced since (open question, see docs/loading.md, "In trainers").
         # Say what the stuck run printed, then run the phase once more on a fresh port: what it
         # delivers is still checked exactly by the caller.
         tail = (e.stderr or b"")[-2000:].decode("utf-8", "replace") if isinstance(e.stderr, bytes) else ""
