@@ -11,6 +11,7 @@ __all__ = [
     "ImgshardsError",
     "ManifestError",
     "PackError",
+    "ShardFormatError",
     "SourceError",
     "SplitFileError",
     "UnreadableSamplesError",
@@ -48,3 +49,11 @@ class UnsafeFileError(ImgshardsError, OSError):
 
 class PackError(ImgshardsError):
     """``pack`` could not finish (the disk is full, a worker process died); rerunning it resumes."""
+
+
+class ShardFormatError(ImgshardsError):
+    """A shard is not a tar imgshards reads: cut short, a bad header, a sparse member, a NUL in a name.
+
+    ``index`` refuses such a shard, ``verify`` reports it, and the loader reads the samples before the
+    damage and counts the rest as lost.
+    """
