@@ -11,6 +11,7 @@ __all__ = [
     "ImgshardsError",
     "ManifestError",
     "PackError",
+    "ShardEndError",
     "ShardFormatError",
     "SourceError",
     "SplitFileError",
@@ -57,3 +58,11 @@ class ShardFormatError(ImgshardsError):
     ``index`` refuses such a shard, ``verify`` reports it, and the loader reads the samples before the
     damage and counts the rest as lost.
     """
+
+
+class ShardEndError(ShardFormatError):
+    """A tar member declares more bytes than its shard has left (a shard cut short, or a hostile size)."""
+
+    def __init__(self, message: str, *, member: str, declared: int) -> None:
+        super().__init__(message)
+        self.member, self.declared = member, declared

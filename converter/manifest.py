@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
+from .labels import label_value
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "FORMAT_VERSION",
     "IMAGE_EXTENSIONS",
     "INDEX_NAME",
-    "MAX_LABEL_BYTES",
     "TIMM_INFO_NAME",
     "LabelSource",
     "Manifest",
@@ -56,7 +56,6 @@ __all__ = [
     "SplitInfo",
     "check_name",
     "is_url",
-    "label_value",
     "local_path",
     "open_regular",
     "read_manifest",
@@ -67,8 +66,6 @@ FORMAT_NAME = "imgshards"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
 TIMM_INFO_NAME = "_info.json"
-_MAX_ID_DIGITS = 20
-MAX_LABEL_BYTES = 1 << 16  # a .cls or .json label member larger than this holds no label
 # Extensions of the image member in a sample, named by the format detected in the bytes, the
 # names webdataset's, timm's and DALI's readers look for.
 IMAGE_EXTENSIONS = ("jpg", "png", "webp", "bmp", "ppm", "pgm", "tiff")
@@ -143,7 +140,15 @@ class LabelSource:
 
         """
         raw = bytes(data)
-        value = label_value(raw, self.member, self.key)
+        return self.class_id(label_value(raw, self.member, self.key), class_to_idx, raw)
+
+    def class_id(self, value: int | str, class_to_idx: Mapping[str, int], raw: bytes = b"") -> int:
+        """The class id of a label value (:func:`label_value`'s) under this split's labels.
+
+        Raises:
+            ValueError: a name where ids are expected, an id where names are, an unknown name.
+
+        """
         if self.names:
             if isinstance(value, str) and value in class_to_idx:
                 return class_to_idx[value]
@@ -153,47 +158,6 @@ class LabelSource:
         if self.member == "cls":
             raise ValueError(f"a .cls that is not a label: {raw[:24]!r}")
         raise ValueError(f"a .json field {self.key!r} of {value[:80]!r}, not a class id")
-
-
-def label_value(data: bytes, member: str, field: str | None = None) -> int | str:
-    """The label a sample's label member holds: a class id (``int``) or a class name (``str``).
-
-    A ``.cls`` holds a class id as ASCII digits (``"7"``, ``"7\\n"``), or else a class name (its
-    UTF-8 text without a final line end). A ``.json`` holds an object whose ``field`` is a class id
-    (a non-negative integer, not a boolean) or a non-empty class name.
-
-    Raises:
-        ValueError: the member holds no label; the message says what it holds.
-
-    """
-    if len(data) > MAX_LABEL_BYTES:
-        raise ValueError(f"a .{member} of {len(data)} bytes, larger than a label ({MAX_LABEL_BYTES} bytes)")
-    if member == "cls":
-        if data.isdigit() and len(data) <= _MAX_ID_DIGITS:  # bytes.isdigit(): ASCII digits only
-            return int(data)
-        text = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
-        if text.isdigit():
-            if len(text) > _MAX_ID_DIGITS:
-                raise ValueError(f"a .cls that is not a label: {data[:24]!r} (a class id of over 20 digits)")
-            return int(text)
-        try:
-            name = text.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"a .cls that is not a label: {data[:24]!r} (not UTF-8)") from None
-        if not name:
-            raise ValueError(f"a .cls that is not a label: {data[:24]!r}")
-        return name
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
-        raise ValueError(f"a .json that is not JSON: {data[:24]!r}") from None
-    if not isinstance(doc, dict) or field not in doc:
-        held = sorted(doc)[:8] if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"no field {field!r} in its .json (it holds {held})")
-    value = doc[field]
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "" or isinstance(value, int) and value < 0:
-        raise ValueError(f"a .json field {field!r} of {str(value)[:80]!r}, not a class id or name")
-    return value
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from .errors import ShardFormatError
-from .manifest import IMAGE_EXTENSIONS, MAX_LABEL_BYTES, label_value
+from .labels import MAX_LABEL_BYTES, label_value
+from .manifest import IMAGE_EXTENSIONS
 from .tarstream import TarStream
 
-__all__ = ["MAX_LABEL_BYTES", "SampleReader", "TarSample", "label_value", "sample_problem"]
+__all__ = ["MAX_LABEL_BYTES", "SampleReader", "TarSample", "checked_samples", "label_value", "sample_problem"]
 
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 
@@ -127,3 +128,32 @@ def sample_problem(exts: list[str], member: str) -> str | None:
             "(the extensions imgshards reads)"
         )
     return f"has no .{member} member for its label"
+
+
+def checked_samples(
+    tar: TarStream, member: str, field: str | None = None
+) -> Iterator[tuple[TarSample, int | str | None, str | None]]:
+    """Every sample of a shard with its label value, or what is wrong with it: what index and verify read.
+
+    Only the label member is read (up to :data:`~.manifest.MAX_LABEL_BYTES`). A key met again after
+    other samples is a problem (the loader would read it as two samples, ``index`` as one name). A
+    :class:`~.errors.ShardFormatError` ends the iteration; the sample it fell in is not yielded.
+    """
+    first: dict[str, int] = {}
+    for sample in SampleReader(tar, only=frozenset({member}), max_read=MAX_LABEL_BYTES):
+        if sample.cut:
+            continue
+        problem = sample_problem(sample.exts, member)
+        value: int | str | None = None
+        if sample.key in first:
+            problem = f"repeats the key of sample {first[sample.key]}, with other samples between them"
+        first.setdefault(sample.key, sample.index)
+        if problem is None:
+            data = sample.parts.get(member)
+            try:
+                if data is None:  # stepped over: larger than a label
+                    raise ValueError(f"a .{member} larger than a label ({MAX_LABEL_BYTES} bytes)")
+                value = label_value(data, member, field)
+            except ValueError as e:
+                problem = f"has {e}"
+        yield sample, value, problem

@@ -1,4 +1,4 @@
-"""The one tar member parser: ``index``, ``verify`` and the loader read shards through it.
+r"""The one tar member parser: ``index``, ``verify`` and the loader read shards through it.
 
 Not ``tarfile``: its stream mode reads in 10 KiB Python-level chunks and parses every header field in
 Python, and what it accepts is not what a WebDataset reader should accept from an untrusted shard
@@ -22,13 +22,14 @@ Regular members (types ``0``, ``\\0``, ``7``) are yielded as ``(name, size)``; e
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from .errors import ShardFormatError
+from .errors import ShardEndError, ShardFormatError
 
-__all__ = ["BLOCK", "MAX_EXTENDED_HEADER", "TarStream"]
+__all__ = ["BLOCK", "MAX_EXTENDED_HEADER", "TarStream", "stream_end"]
 
 BLOCK = 512
 MAX_EXTENDED_HEADER = 1 << 20  # the one cap on a pax header or GNU long name: a path and a few keywords
@@ -127,7 +128,13 @@ class TarStream:
             if size_override is not None and kind not in _EXTENDED:
                 size = size_override  # a pax size: for numbers past the header field's 8 GiB
             if end is not None and size > end - self.offset:
-                raise ShardFormatError(f"a tar member declares {size} bytes, more than the shard has left")
+                what = name if name is not None else _text(header[:100].split(b"\0", 1)[0])
+                raise ShardEndError(
+                    f"member {what!r} declares {size} bytes, more than the shard has left "
+                    f"({end - self.offset})",
+                    member=what,
+                    declared=size,
+                )
             self._size, self._left = size, size + (-size % BLOCK)
             if kind in _EXTENDED:
                 if size > MAX_EXTENDED_HEADER:
@@ -151,7 +158,9 @@ class TarStream:
             if kind in _REGULAR:
                 yield name, size
             elif size and kind in _NO_DATA:
-                raise ShardFormatError(f"member {name!r} is a link, device or directory declaring {size} bytes")
+                raise ShardFormatError(
+                    f"member {name!r} is a link, device or directory declaring {size} bytes"
+                )
             name, size_override = None, None
 
 
@@ -183,7 +192,7 @@ def _number(field: bytes, what: str) -> int:
 def _pax(
     data: bytes, path: str | None, size: int | None, *, global_header: bool = False
 ) -> tuple[str | None, int | None]:
-    """Apply a pax header's records (``"%d %s=%s\\n"``, the length counting the whole record)."""
+    r"""Apply a pax header's records (``"%d %s=%s\\n"``, the length counting the whole record)."""
     at = 0
     while at < len(data):
         if data[at] == 0:  # NUL padding after the records
@@ -215,3 +224,12 @@ def _pax(
 def _text(name: bytes) -> str:
     """A member name as text; bytes that are not UTF-8 are kept as surrogates (as ``tarfile`` does)."""
     return name.decode("utf-8", "surrogateescape")
+
+
+def stream_end(f: BinaryIO) -> int | None:
+    """The size of the shard ``f`` reads, as its file system says (None if it cannot say)."""
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        size = getattr(f, "size", None)  # fsspec's files
+        return size if isinstance(size, int) else None

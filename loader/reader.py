@@ -183,10 +183,14 @@ def _samples(
                     yield _to_raw(sample, url, labels)
                 continue
             raw = _to_raw(sample, url, labels)
-            if reader.final and not tar.ended and isinstance(raw, CorruptImageError):
-                if member not in sample.exts or _IMAGE_EXTS.isdisjoint(sample.exts):
-                    readable[0] = sample.index  # no end-of-archive block: the shard was cut inside it
-                    raise ShardFormatError(f"sample {sample.key!r} is cut short")
+            if (
+                reader.final
+                and not tar.ended
+                and isinstance(raw, CorruptImageError)
+                and (member not in sample.exts or _IMAGE_EXTS.isdisjoint(sample.exts))
+            ):
+                readable[0] = sample.index  # no end-of-archive block: the shard was cut inside it
+                raise ShardFormatError(f"sample {sample.key!r} is cut short")
             yield raw
     except ShardFormatError:
         readable[0] = max(readable[0], reader.seen)
@@ -225,7 +229,9 @@ def _to_raw(sample: TarSample, url: str, labels: _Labels) -> RawSample | Corrupt
         return _corrupt(sample.key, shard, f"has {e}")
     num_classes = labels.num_classes
     if num_classes is not None and not 0 <= value < num_classes:
-        return _corrupt(sample.key, shard, f"has label {value}, outside the index's classes 0..{num_classes - 1}")
+        return _corrupt(
+            sample.key, shard, f"has label {value}, outside the index's classes 0..{num_classes - 1}"
+        )
     ext = next(e for e in parts if e in _IMAGE_EXTS)
     return RawSample(parts, key=sample.key, url=url, label=value, ext=ext)
 
