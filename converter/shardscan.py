@@ -34,7 +34,7 @@ from .manifest import (
 )
 from .pool import default_workers, start_pool
 from .remote import write_index_url
-from .tarsamples import checked_samples
+from .tarsamples import checked_samples, shown
 from .tarstream import TarStream, stream_end
 from .validate import check_name, open_regular
 from .verify import HashingReader
@@ -85,7 +85,7 @@ def scan_shard(
                 else:
                     bad += 1
                     if len(problems) < _PROBLEMS_PER_SHARD:
-                        problems.append(f"sample {sample.key!r} {problem}")
+                        problems.append(f"sample {shown(sample.key)} {problem}")
         except ShardFormatError as e:
             bad += 1
             problems.append(f"is not a readable tar after {samples} samples ({e})")

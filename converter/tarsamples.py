@@ -20,7 +20,15 @@ from .labels import MAX_LABEL_BYTES, label_value
 from .manifest import IMAGE_EXTENSIONS
 from .tarstream import TarStream
 
-__all__ = ["MAX_LABEL_BYTES", "SampleReader", "TarSample", "checked_samples", "label_value", "sample_problem"]
+__all__ = [
+    "MAX_LABEL_BYTES",
+    "SampleReader",
+    "TarSample",
+    "checked_samples",
+    "label_value",
+    "sample_problem",
+    "shown",
+]
 
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 
@@ -157,3 +165,8 @@ def checked_samples(
             except ValueError as e:
                 problem = f"has {e}"
         yield sample, value, problem
+
+
+def shown(key: str) -> str:
+    """A sample key as a message shows it: quoted, and shortened when long (a name may be 1 MiB)."""
+    return repr(key if len(key) <= 120 else f"{key[:80]}...{key[-30:]}")

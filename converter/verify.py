@@ -19,7 +19,7 @@ from typing import BinaryIO
 from .errors import ShardEndError, ShardFormatError
 from .manifest import LabelSource, Manifest, ShardInfo, read_manifest
 from .pool import default_workers, start_pool
-from .tarsamples import checked_samples
+from .tarsamples import checked_samples, shown
 from .tarstream import TarStream, stream_end
 from .validate import open_regular
 
@@ -126,7 +126,7 @@ def check_shard_stream(
                     if problem is not None:
                         bad += 1
                         if bad <= _PROBLEMS_PER_SHARD:
-                            problems.append(f"sample {sample.key} {problem}")
+                            problems.append(f"sample {shown(sample.key)} {problem}")
                     labels[label] += 1
             except ShardEndError as e:  # a size past the end: checked before anything is read or skipped
                 problems.append(f"member {e.member!r} declares {e.declared} bytes, past the end")
