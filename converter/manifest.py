@@ -139,7 +139,7 @@ class LabelSource:
                 ("a .cls that is not a label: ...").
 
         """
-        raw = bytes(data)
+        raw = data if type(data) is bytes else bytes(data)
         return self.class_id(label_value(raw, self.member, self.key), class_to_idx, raw)
 
     def class_id(self, value: int | str, class_to_idx: Mapping[str, int], raw: bytes = b"") -> int:

@@ -33,9 +33,11 @@ __all__ = ["BLOCK", "MAX_EXTENDED_HEADER", "TarStream", "stream_end"]
 
 BLOCK = 512
 MAX_EXTENDED_HEADER = 1 << 20  # the one cap on a pax header or GNU long name: a path and a few keywords
-_REGULAR = frozenset((b"0", b"\0", b"7"))
-_EXTENDED = frozenset((b"x", b"g", b"L", b"K"))
-_NO_DATA = frozenset((b"1", b"2", b"3", b"4", b"5", b"6"))  # links, devices, FIFOs, directories
+# Type flags, as the header's byte 156 (an int).
+_REGULAR = frozenset(b"0\x007")
+_EXTENDED = frozenset(b"xgLK")
+_NO_DATA = frozenset(b"123456")  # links, devices, FIFOs, directories
+_SPARSE = ord("S")
 _OCTAL = b"01234567"
 _SKIP_CHUNK = 1 << 20
 
@@ -98,33 +100,47 @@ class TarStream:
             n -= len(chunk)
 
     def _members(self) -> Iterator[tuple[str, int]]:
-        read, end = self._read, self.end
+        # The hot path of the loader: one read a header, slices compared in C, no call for the common
+        # case (an octal size, a checksum as "%06o\0 ", a plain name), the general parse otherwise.
+        read, end, adler32 = self._read, self.end, zlib.adler32
         name: str | None = None  # from a pax header or GNU long name, for the next member
         size_override: int | None = None
         while True:
             if self._left:
                 self._step(self._left)
             header = read(BLOCK)
-            self.offset += len(header)
+            self.offset += BLOCK
             if len(header) < BLOCK:
+                self.offset += len(header) - BLOCK
                 if header:
                     raise ShardFormatError("a tar header is cut short")
                 if name is not None or size_override is not None:
                     raise ShardFormatError("the shard ends after an extended tar header")
                 return  # no end-of-archive blocks: a shard cut at a member boundary (counts tell)
-            # The header's checksum with its own field as spaces. Adler-32's first half with a zero
-            # start is the byte sum mod 65521, exact for 256 bytes (at most 65,280): 4x faster than sum().
-            total = (zlib.adler32(header[:256], 0) & 0xFFFF) + (zlib.adler32(header[256:], 0) & 0xFFFF)
+            # The byte sum with the checksum field as spaces. Adler-32's low half, from a zero start,
+            # is the byte sum mod 65521: exact for 256 bytes (at most 65,280), and 4x faster than sum().
             field = header[148:156]
-            if total - sum(field) + 256 != _number(field, "checksum"):
-                if not header.count(0) == BLOCK:
+            total = (
+                (adler32(header[:256], 0) & 0xFFFF) + (adler32(header[256:], 0) & 0xFFFF) - sum(field) + 256
+            )
+            digits = field[:6]  # the common form first: "%06o\0 " (the general parse otherwise)
+            try:  # 8 or 9 among the digits: a ValueError, then the general parse says what is wrong
+                fast = digits.isdigit() and int(digits, 8) == total
+            except ValueError:
+                fast = False
+            if not fast and total != _number(field, "checksum"):
+                if header.count(0) != BLOCK:
                     raise ShardFormatError("a tar header has a bad checksum")
                 if name is not None or size_override is not None:
                     raise ShardFormatError("the shard ends after an extended tar header")
                 self.ended = True
                 return  # end of archive
-            kind = header[156:157]
-            size = _number(header[124:136], "size")
+            kind = header[156]
+            digits = header[124:135]
+            try:
+                size = int(digits, 8) if digits.isdigit() else _number(header[124:136], "size")
+            except ValueError:
+                size = _number(header[124:136], "size")  # raises, naming the field
             if size_override is not None and kind not in _EXTENDED:
                 size = size_override  # a pax size: for numbers past the header field's 8 GiB
             if end is not None and size > end - self.offset:
@@ -137,31 +153,41 @@ class TarStream:
                 )
             self._size, self._left = size, size + (-size % BLOCK)
             if kind in _EXTENDED:
-                if size > MAX_EXTENDED_HEADER:
-                    raise ShardFormatError(
-                        f"an extended tar header ({kind.decode('latin-1')}) declares {size} bytes, more "
-                        f"than the {MAX_EXTENDED_HEADER} imgshards reads"
-                    )
-                data = self.data()
-                if kind == b"L":
-                    name = _text(_no_nul(data.rstrip(b"\0"), "a GNU long name"))
-                elif kind == b"x":
-                    path, size_override = _pax(data, name, size_override)
-                    name = path
-                elif kind == b"g":
-                    _pax(data, None, None, global_header=True)
+                name, size_override = self._extended(kind, size, name, size_override)
                 continue
-            if kind == b"S":
-                raise ShardFormatError(f"member {_header_name(header)!r} is a GNU sparse file: not read")
             if name is None:
-                name = _header_name(header)
+                raw = header[:100].rstrip(b"\0")
+                if b"\0" in raw or (header[345] and header[257:263] == b"ustar\0"):
+                    name = _header_name(header)  # a NUL inside (refused), or a ustar prefix
+                else:
+                    name = raw.decode("utf-8", "surrogateescape")
             if kind in _REGULAR:
                 yield name, size
+            elif kind == _SPARSE:
+                raise ShardFormatError(f"member {name!r} is a GNU sparse file: not read")
             elif size and kind in _NO_DATA:
                 raise ShardFormatError(
                     f"member {name!r} is a link, device or directory declaring {size} bytes"
                 )
             name, size_override = None, None
+
+    def _extended(
+        self, kind: int, size: int, name: str | None, size_override: int | None
+    ) -> tuple[str | None, int | None]:
+        """Read a pax header or GNU long name: what it says of the next member (name, size)."""
+        if size > MAX_EXTENDED_HEADER:
+            raise ShardFormatError(
+                f"an extended tar header ({chr(kind)}) declares {size} bytes, more than the "
+                f"{MAX_EXTENDED_HEADER} imgshards reads"
+            )
+        data = self.data()
+        if kind == ord("L"):
+            return _text(_no_nul(data.rstrip(b"\0"), "a GNU long name")), size_override
+        if kind == ord("x"):
+            return _pax(data, name, size_override)
+        if kind == ord("g"):
+            _pax(data, None, None, global_header=True)
+        return name, size_override  # K: a GNU long link name, of no use here
 
 
 def _header_name(header: bytes) -> str:

@@ -232,8 +232,10 @@ def _to_raw(sample: TarSample, url: str, labels: _Labels) -> RawSample | Corrupt
         return _corrupt(
             sample.key, shard, f"has label {value}, outside the index's classes 0..{num_classes - 1}"
         )
-    ext = next(e for e in parts if e in _IMAGE_EXTS)
-    return RawSample(parts, key=sample.key, url=url, label=value, ext=ext)
+    for ext in parts:
+        if ext in _IMAGE_EXTS:
+            return RawSample(parts, key=sample.key, url=url, label=value, ext=ext)
+    raise AssertionError("sample_problem passed a sample without an image")
 
 
 def _corrupt(key: str | None, shard: str, reason: str) -> CorruptImageError:
