@@ -130,11 +130,13 @@ def main() -> None:
         f"{args.packed}); {args.rounds} rounds alternated, best and median of each"
     )
     print(
-        f"{'':16} {args.against + ' best':>14} {'this best':>12} {'new/old':>8}   {'old median':>11} {'new median':>11}"
+        f"{'':16} {args.against + ' best':>14} {'this best':>12} {'new/old':>8}   "
+        f"{'old median':>11} {'new median':>11}"
     )
     for name, (old_t, new_t) in times.items():
         print(
-            f"{name:16} {min(old_t) * 1e3:11.1f} ms {min(new_t) * 1e3:9.1f} ms {min(new_t) / min(old_t):7.2f}x"
+            f"{name:16} {min(old_t) * 1e3:11.1f} ms {min(new_t) * 1e3:9.1f} ms "
+            f"{min(new_t) / min(old_t):7.2f}x"
             f"   {statistics.median(old_t) * 1e3:8.1f} ms {statistics.median(new_t) * 1e3:8.1f} ms"
             f"   ({min(new_t) / samples * 1e6:.1f} us/sample new)"
         )
