@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import subprocess
 import sys
@@ -49,9 +50,12 @@ def old_reader(ref: str, where: Path) -> ModuleType:
     ).stdout
     path = where / "old_reader.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("old_reader", path)
+    # Named inside imgshards.loader, so that its relative imports (``from .errors import``) resolve.
+    name = "imgshards.loader._bench_old_reader"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -72,7 +76,8 @@ def old_headers(module: ModuleType, shards: list[tuple[Path, int]]) -> Callable[
         count = 0
         for path, _ in shards:
             with open(path, "rb", buffering=1 << 20) as f:
-                headers = module._headers(f)
+                takes_end = len(inspect.signature(module._headers).parameters) > 1  # since e8eb196
+                headers = module._headers(f, path.stat().st_size) if takes_end else module._headers(f)
                 for _, size in headers:
                     module._skip(f, size)
                     count += 1

@@ -74,7 +74,7 @@ class VerifyReport:
 
 
 class HashingReader:
-    """A read-only stream that hashes what passes through it (tarfile reads shards sequentially)."""
+    """A read-only stream that hashes what passes through it (the tar reader reads it sequentially)."""
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f

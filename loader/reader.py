@@ -1,11 +1,13 @@
-"""Read a run of samples from one WebDataset tar shard as raw (undecoded) bytes.
+"""Read a run of samples from one WebDataset tar shard as raw (undecoded) bytes: the loader's adapter.
 
-A thin ustar reader, not ``tarfile``: ``tarfile``'s stream mode (what webdataset's
-``tar_file_iterator`` opens shards with) reads in 10 KiB Python-level chunks and parses every header
-field in Python, ~0.3 ms a sample here, a fifth of what decoding and augmenting the image costs.
-This reader does one ``read`` per header and one ``readinto`` per kept member, checks each header's
-checksum, steps over skipped members with ``seek`` (a run that starts deep in a shard costs no
-reading), and stops at the run's end without reading the rest of the shard.
+The tar is parsed by the converter's one member parser (:class:`~imgshards.converter.tarstream.TarStream`)
+and grouped into samples by its one grouper (:class:`~imgshards.converter.tarsamples.SampleReader`), the
+very code ``imgshards index`` and ``verify`` read shards with, so all three accept and refuse the same
+members (sparse files, a NUL in a name, extended headers past the one cap...) and count the same
+samples. Not ``tarfile``: its stream mode reads in 10 KiB Python-level chunks and parses every
+header field in Python. The parser does one ``read`` per header and one per kept member, checks each
+header's checksum, steps over skipped members with ``seek``, and stops at the run's end without
+reading the rest of the shard.
 
 Members are grouped into samples as webdataset does (``base_plus_ext``: the key is the name up to the
 first dot of its last path part, the extension the rest, lower-cased); the tests hold its output to
@@ -15,8 +17,9 @@ load too.
 
 A shard is untrusted input: every member's declared size is checked against the bytes left in the
 shard before anything is allocated or skipped, names that are not UTF-8 are read as bytes
-(``surrogateescape``, as ``tarfile`` does), and a label that is not an integer in ``0..classes-1``
-makes its sample corrupt (``on_corrupt``), never a label passed on.
+(``surrogateescape``, as ``tarfile`` does), and a sample that is not one image and a label, or whose
+label is not a class id in ``0..classes-1`` (read by the one label reader,
+:func:`~imgshards.converter.labels.label_value`), is corrupt (``on_corrupt``), never passed on.
 """
 
 from __future__ import annotations
