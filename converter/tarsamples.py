@@ -50,13 +50,14 @@ class TarSample:
 class SampleReader:
     """Samples ``[start, stop)`` of one tar stream, in stored order.
 
-    Members of samples before ``start`` are stepped over, never read; reading stops at ``stop``
-    (None: the end). Of a sample's members, those whose extension is in ``skip``, or not in ``only``
-    (when given), or larger than ``max_read`` bytes are stepped over too; every extension is listed.
+        Members of samples before ``start`` are stepped over, never read; reading stops at ``stop``
+        (None: the end). Of a sample's members, those whose extension is in ``skip``, or not in ``only``
+        (when given), or larger than ``max_read`` bytes are stepped over too; every extension is listed.
 
-    A :class:`~.errors.ShardFormatError` of the stream ends the iteration: the sample it fell in
-    is yielded first (``cut``), if it is in range. :attr:`seen` counts the samples whose members all
-    came before the damage or the end; :attr:`final` is set as the shard's last sample is yielded.
+        A :class:`~.errors.ShardFormatError` of the stream ends the iteration: the sample it fell in
+        is yielded first (``cut``), if it is in range. :attr:`seen` counts the samples whose members all
+        came before the damage or the end, :attr:`cut_exts` lists the extensions of the sample the damage
+    fell in (in range or not), and :attr:`final` is set as the shard's last sample is yielded.
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class SampleReader:
         self.skip, self.only, self.max_read = skip, only, max_read
         self.seen = 0
         self.final = False  # set as the shard's last sample (none after it) is yielded
+        self.cut_exts: list[str] | None = None  # the members of the sample the damage fell in, if any
 
     def __iter__(self) -> Iterator[TarSample]:
         tar, start, stop, skip, only, max_read = (
@@ -108,6 +110,7 @@ class SampleReader:
                     continue
                 parts[ext] = tar.data()
         except ShardFormatError:
+            self.cut_exts = exts if key is not None else None
             if key is not None and index >= start:
                 yield TarSample(index, key, parts, exts, cut=True)
             raise

@@ -180,9 +180,7 @@ def _samples(
     try:
         for sample in reader:
             if sample.cut:  # the damage fell in this sample: whole if its label and image came before it
-                readable[0] = reader.seen
                 if member in sample.parts and not _IMAGE_EXTS.isdisjoint(sample.parts):
-                    readable[0] += 1
                     yield _to_raw(sample, url, labels)
                 continue
             raw = _to_raw(sample, url, labels)
@@ -196,7 +194,9 @@ def _samples(
                 raise ShardFormatError(f"sample {sample.key!r} is cut short")
             yield raw
     except ShardFormatError:
-        readable[0] = max(readable[0], reader.seen)
+        cut = reader.cut_exts  # the sample before the damage counts as whole if it had a label and an image
+        whole = cut is not None and member in cut and not _IMAGE_EXTS.isdisjoint(cut)
+        readable[0] = max(readable[0], reader.seen + whole)
         raise
     readable[0] = reader.seen
 
