@@ -294,6 +294,33 @@ def test_a_shard_index_refuses_is_refused_with_its_reason_and_verify_finds_it(tm
     assert all("GNUSparseFile" not in s.key and "\0" not in s.key for s in delivered)
 
 
+@pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+def test_shard_dataset_delivers_what_index_counted_through_long_names_and_pax_sizes(tmp_path, tiny_tree):
+    """The whole loader (ShardDataset, make_loader), not only its reader, on real JPEGs."""
+    torch = pytest.importorskip("torch")
+    from imgshards.loader import ShardDataset, make_loader
+
+    jpegs = sorted(tiny_tree.rglob("*.JPEG"))[:8]
+    parts = []
+    for i, path in enumerate(jpegs):
+        image, key = path.read_bytes(), f"{'n' * 150}/k{i}"
+        if i % 2:  # a pax size (the header field says 0) under a GNU long name
+            parts.append(long_name(f"{key}.jpg".encode()) + pax({b"size": str(len(image)).encode()}))
+            parts.append(header(b"x.jpg", 0) + pad(image))
+        else:
+            parts.append(pax({b"path": f"{key}.jpg".encode()}) + member("x.jpg", image))
+        parts.append(long_name(f"{key}.cls".encode()) + member("x.cls", str(i % 3).encode()))
+    write_shard(tmp_path / "ds", tar(*parts))
+    index(tmp_path / "ds", IndexConfig(workers=1))
+    split = read_manifest(tmp_path / "ds").split("train")
+    assert split.samples == 8 and split.class_counts == (3, 3, 2)
+    assert verify(tmp_path / "ds", workers=1).ok
+    ds = ShardDataset(tmp_path / "ds", mode="eval", batch_size=3, transform=torch.nn.Identity())
+    labels = [int(label) for batch in make_loader(ds, num_workers=0) for label in batch[1]]
+    assert sorted(labels) == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert ds.corrupt_skipped == ds.truncated_shards == 0
+
+
 @pytest.mark.parametrize(
     ("labels", "code", "message"),
     [
