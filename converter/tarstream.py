@@ -38,6 +38,7 @@ _REGULAR = frozenset(b"0\x007")
 _EXTENDED = frozenset(b"xgLK")
 _NO_DATA = frozenset(b"123456")  # links, devices, FIFOs, directories
 _SPARSE = ord("S")
+_ENDS = (0, 32)  # a number field's end: NUL or space
 _OCTAL = b"01234567"
 _SKIP_CHUNK = 1 << 20
 
@@ -125,7 +126,7 @@ class TarStream:
             )
             digits = field[:6]  # the common form first: "%06o\0 " (the general parse otherwise)
             try:  # 8 or 9 among the digits: a ValueError, then the general parse says what is wrong
-                fast = digits.isdigit() and int(digits, 8) == total
+                fast = field[6] in _ENDS and digits.isdigit() and int(digits, 8) == total
             except ValueError:
                 fast = False
             if not fast and total != _number(field, "checksum"):
@@ -137,8 +138,9 @@ class TarStream:
                 return  # end of archive
             kind = header[156]
             digits = header[124:135]
-            try:
-                size = int(digits, 8) if digits.isdigit() else _number(header[124:136], "size")
+            try:  # 11 digits and an end (12 digits are the general parse's)
+                fast_size = header[135] in _ENDS and digits.isdigit()
+                size = int(digits, 8) if fast_size else _number(header[124:136], "size")
             except ValueError:
                 size = _number(header[124:136], "size")  # raises, naming the field
             if size_override is not None and kind not in _EXTENDED:

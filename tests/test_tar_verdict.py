@@ -41,6 +41,7 @@ def header(
     prefix: bytes = b"",
     magic: bytes = b"ustar\x0000",
     size_field: bytes | None = None,
+    checksum: bytes = b"%06o\0 ",
 ) -> bytes:
     h = bytearray(512)
     h[0 : len(name[:100])] = name[:100]
@@ -52,7 +53,7 @@ def header(
     h[257:265] = magic
     h[345 : 345 + len(prefix)] = prefix
     h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % sum(h)
+    h[148:156] = checksum % sum(h)
     return bytes(h)
 
 
@@ -137,6 +138,13 @@ def pax_sparse(version: dict[bytes, bytes]) -> bytes:
     )
 
 
+def number_forms() -> bytes:
+    # 12 octal digits and no end in the size field, a 7-digit checksum: both valid, both rare
+    image = JPG + b"\x01"
+    odd = header(b"k1.jpg", 0, size_field=b"%012o" % len(image), checksum=b"%07o\0") + pad(image)
+    return tar(sample("k0", i=0), odd, member("k1.cls", b"1", checksum=b"%07o "))
+
+
 def base256_size() -> bytes:
     image = JPG + b"\x01"
     field = b"\x80" + len(image).to_bytes(11, "big")
@@ -173,6 +181,7 @@ COUNTED = {
     "gnu-long-names-at-the-cap": (near_the_cap(), 4),
     "pax-size-override": (pax_size_override(), 4),
     "base-256-size": (base256_size(), 2),
+    "number-field-forms": (number_forms(), 2),
     "global-pax-comment": (tar(pax({b"comment": b"git archive"}, b"g"), *plain()), 4),
     "links-dirs-and-no-extension-members": (
         tar(
@@ -357,7 +366,7 @@ def test_a_json_label_nested_60000_deep_is_a_reason_not_a_traceback(tmp_path):
 KINDS = [
     "plain", "plain", "plain", "gnu-long", "pax-path", "pax-size", "prefix", "dir", "symlink",
     "no-ext", "global-comment", "gnu-sparse", "pax-sparse", "nul", "repeat-key", "twice",
-    "odd-label", "big-long-name", "bad-checksum", "line-end-label",
+    "odd-label", "big-long-name", "bad-checksum", "line-end-label", "number-forms",
 ]  # fmt: skip
 
 
@@ -408,6 +417,9 @@ def fuzz_sample(rng: random.Random, i: int, keys: list[str]) -> bytes:
         label += b"\n"
     elif kind == "big-long-name":
         image_member = long_name(b"b" * (MAX_EXTENDED_HEADER + 1)) + member("x.jpg", image)
+    elif kind == "number-forms":
+        odd = header(f"{key}.jpg".encode(), 0, size_field=b"%012o" % len(image), checksum=b"%07o\0")
+        image_member = odd + pad(image)
     elif kind == "bad-checksum":
         raw = bytearray(member(f"{key}.jpg", image))
         raw[150] ^= 1

@@ -80,6 +80,7 @@ def test_labels_outside_the_classes_are_corrupt_samples_skipped_and_counted(ds, 
         return name, data
 
     rewrite_shard(ds, 0, edit)
+    rewrite_shard(ds, 1, edit)  # two shards: one holds 4 samples where the tree's photos are larger
     dataset, batches, messages = one_pass(ds, workers)
     assert len(batches) == len(dataset), "the batch count holds"
     assert all(0 <= label < 4 for b in batches for label in b.labels.tolist())
