@@ -12,6 +12,7 @@ What it reads, and what it refuses (:class:`~.errors.ShardFormatError`, which en
   a ustar ``prefix`` (POSIX magic only: GNU headers keep times there);
 - one cap on every extended header (pax ``x``/``g``, GNU ``L``/``K``): :data:`MAX_EXTENDED_HEADER`;
 - sparse members (GNU ``S``, pax ``GNU.sparse.*``): refused, their data is not the file;
+- Solaris extended headers (``X``), which some readers apply as pax headers and others skip: refused;
 - a NUL inside a member name (it would rename the member for some readers and not others): refused;
 - a size past the end of the shard, a bad checksum, a number field that is not a number: refused;
 - a hard or symbolic link, device, FIFO or directory that declares data: refused.
@@ -38,6 +39,7 @@ _REGULAR = frozenset(b"0\x007")
 _EXTENDED = frozenset(b"xgLK")
 _NO_DATA = frozenset(b"123456")  # links, devices, FIFOs, directories
 _SPARSE = ord("S")
+_SOLARIS = ord("X")
 _ENDS = (0, 32)  # a number field's end: NUL or space
 _OCTAL = b"01234567"
 _SKIP_CHUNK = 1 << 20
@@ -77,7 +79,7 @@ class TarStream:
         """The current member's data, all of it, read once (the stream moves past its padding)."""
         size = self._size
         if self._left != size + (-size % BLOCK):
-            raise ShardFormatError("a tar member's data is read twice")  # a caller's bug, not the shard's
+            raise RuntimeError("a tar member's data is read twice")  # a caller's bug, not the shard's
         data = self._read(size)
         if len(data) != size:
             raise ShardFormatError(f"a tar member of {size} bytes is cut short")
@@ -167,6 +169,8 @@ class TarStream:
                 yield name, size
             elif kind == _SPARSE:
                 raise ShardFormatError(f"member {name!r} is a GNU sparse file: not read")
+            elif kind == _SOLARIS:  # a pax header to tarfile, and to other readers nothing
+                raise ShardFormatError("a Solaris extended header (type X): not read")
             elif size and kind in _NO_DATA:
                 raise ShardFormatError(
                     f"member {name!r} is a link, device or directory declaring {size} bytes"

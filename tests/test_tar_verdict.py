@@ -199,6 +199,7 @@ REFUSED = {
     "gnu-long-name-2-MiB": (tar(sample("k0", i=0), long_name(MiB2 + b"/k1.jpg"), *plain()[1:]), "declares"),
     "pax-path-2-MiB": (tar(sample("k0", i=0), pax({b"path": MiB2 + b"/k1.jpg"}), *plain()[1:]), "declares"),
     "gnu-sparse": (gnu_sparse(), "GNU sparse file"),
+    "solaris-extended-header": (tar(sample("k0"), pax({b"path": b"k9.jpg"}, b"X"), *plain()[1:]), "Solaris"),
     "pax-sparse-1.0": (pax_sparse({b"GNU.sparse.major": b"1", b"GNU.sparse.minor": b"0"}), "sparse"),
     "pax-sparse-0.1": (pax_sparse({b"GNU.sparse.numblocks": b"1", b"GNU.sparse.map": b"0,1"}), "sparse"),
     "keys-repeated-apart": (
