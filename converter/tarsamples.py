@@ -50,14 +50,15 @@ class TarSample:
 class SampleReader:
     """Samples ``[start, stop)`` of one tar stream, in stored order.
 
-        Members of samples before ``start`` are stepped over, never read; reading stops at ``stop``
-        (None: the end). Of a sample's members, those whose extension is in ``skip``, or not in ``only``
-        (when given), or larger than ``max_read`` bytes are stepped over too; every extension is listed.
+    Members of samples before ``start`` are stepped over, never read; reading stops at ``stop``
+    (None: the end). Of a sample's members, those whose extension is in ``skip``, or not in ``only``
+    (when given), or larger than ``max_read`` bytes are stepped over too; every extension is listed.
+    A member's key and extension are :func:`~.manifest.split_member_name`'s (inlined: the hot path).
 
-        A :class:`~.errors.ShardFormatError` of the stream ends the iteration: the sample it fell in
-        is yielded first (``cut``), if it is in range. :attr:`seen` counts the samples whose members all
-        came before the damage or the end, :attr:`cut_exts` lists the extensions of the sample the damage
-    fell in (in range or not), and :attr:`final` is set as the shard's last sample is yielded.
+    A :class:`~.errors.ShardFormatError` of the stream ends the iteration: the sample it fell in
+    is yielded first (``cut``), if it is in range. :attr:`seen` counts the samples whose members all
+    came before the damage or the end, :attr:`cut_exts` lists the extensions of the sample the
+    damage fell in (in range or not), and :attr:`final` is set as the shard's last sample is yielded.
     """
 
     def __init__(
