@@ -11,6 +11,8 @@ __all__ = [
     "ImgshardsError",
     "ManifestError",
     "PackError",
+    "ShardEndError",
+    "ShardFormatError",
     "SourceError",
     "SplitFileError",
     "UnreadableSamplesError",
@@ -48,3 +50,19 @@ class UnsafeFileError(ImgshardsError, OSError):
 
 class PackError(ImgshardsError):
     """``pack`` could not finish (the disk is full, a worker process died); rerunning it resumes."""
+
+
+class ShardFormatError(ImgshardsError):
+    """A shard is not a tar imgshards reads: cut short, a bad header, a sparse member, a NUL in a name.
+
+    ``index`` refuses such a shard, ``verify`` reports it, and the loader reads the samples before the
+    damage and counts the rest as lost.
+    """
+
+
+class ShardEndError(ShardFormatError):
+    """A tar member declares more bytes than its shard has left (a shard cut short, or a hostile size)."""
+
+    def __init__(self, message: str, *, member: str, declared: int) -> None:
+        super().__init__(message)
+        self.member, self.declared = member, declared

@@ -150,7 +150,12 @@ def index(
     scans = store.scan(names, config.label_field, workers=config.workers, progress=config.progress)
     _raise_problems(scans, str(src))
     labels, classes, classes_from, ids = _labels(scans, config, existing, str(src))
-    per_shard = [Counter({ids[v]: n for v, n in scan.values.items()}) for scan in scans]
+    per_shard = []
+    for scan in scans:  # summed: two values may name one class
+        shard_counts = Counter[int]()
+        for value, n in scan.values.items():
+            shard_counts[ids[value]] += n
+        per_shard.append(shard_counts)
     counts = Counter[int]()
     for c in per_shard:
         counts.update(c)
@@ -228,20 +233,16 @@ def _labels(
             f"dataset share one class list: give the same classes, or remove {INDEX_NAME} and index "
             "every split with the same --classes FILE"
         )
-    if config.label_field is None:  # .cls text: ids if every value is an integer
-        as_ints = {v: _as_int(str(v)) for v in values}
-        names = any(i is None for i in as_ints.values())
-        ids: dict[Value, int] = {} if names else {v: i for v, i in as_ints.items() if i is not None}
-    else:
-        kinds = {type(v) for v in values}
-        if len(kinds) > 1:
-            sample = sorted(values, key=str)[:4]
-            raise SourceError(
-                f"the .json field {config.label_field!r} in {src} holds both class ids and names "
-                f"(e.g. {sample}): it must hold one kind"
-            )
-        names = kinds == {str}
-        ids = {} if names else {v: int(v) for v in values}
+    kinds = {type(v) for v in values}  # label_value read each: an int is a class id, a str a name
+    if len(kinds) > 1:
+        sample = sorted(values, key=str)[:4]
+        where = f".json field {config.label_field!r}" if config.label_field else ".cls members"
+        raise UnreadableSamplesError(
+            f"the {where} in {src} holds both class ids and names (e.g. {sample}): it must hold one kind "
+            "(a class id is ASCII digits only)"
+        )
+    names = kinds == {str}
+    ids: dict[Value, int] = {} if names else {v: int(v) for v in values}
     classes_from = "given" if given else "index" if kept else "derived"
     if names:
         classes = given or kept or tuple(sorted(str(v) for v in values))
@@ -275,13 +276,6 @@ def _labels(
             classes = tuple(str(i) for i in range(high + 1))
     member = "json" if config.label_field else "cls"
     return LabelSource(member, config.label_field, names), classes, classes_from, ids
-
-
-def _as_int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
 
 
 def _mixing(per_shard: list[Counter[int]], sizes: list[int]) -> tuple[float, float]:

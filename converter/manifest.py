@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
+from .labels import label_value
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -65,8 +66,6 @@ FORMAT_NAME = "imgshards"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
 TIMM_INFO_NAME = "_info.json"
-_MAX_LABEL_DIGITS = 20
-_MAX_LABEL_BYTES = 4096  # a class name in .cls: as long as a class name may be
 # Extensions of the image member in a sample, named by the format detected in the bytes, the
 # names webdataset's, timm's and DALI's readers look for.
 IMAGE_EXTENSIONS = ("jpg", "png", "webp", "bmp", "ppm", "pgm", "tiff")
@@ -133,35 +132,32 @@ class LabelSource:
         return cls(str(data.get("member")), data.get("key"), data.get("names", False))
 
     def parse(self, data: bytes | bytearray, class_to_idx: Mapping[str, int]) -> int:
-        """Return the class id held in a sample's label member (its bytes).
+        """Return the class id held in a sample's label member (its bytes), read by :func:`label_value`.
 
         Raises:
             ValueError: the member holds no usable label; the message says what it has
                 ("a .cls that is not a label: ...").
 
         """
-        if self.member == "cls":
-            text = bytes(data[: _MAX_LABEL_BYTES + 1]).strip()
-            if not self.names:
-                if len(text) > _MAX_LABEL_DIGITS or not text.isdigit():
-                    raise ValueError(f"a .cls that is not a label: {bytes(data[:24])!r}")
-                return int(text)
-            value: object = text.decode("utf-8", "replace")
-        else:
-            try:
-                doc = json.loads(data)
-            except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
-                raise ValueError(f"a .json that is not JSON: {bytes(data[:24])!r}") from None
-            if not isinstance(doc, dict) or self.key not in doc:
-                raise ValueError(f"no field {self.key!r} in its .json")
-            value = doc[self.key]
-            if not self.names:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"a .json field {self.key!r} of {value!r}, not a class id")
-                return value
-        if not isinstance(value, str) or value not in class_to_idx:
+        raw = data if type(data) is bytes else bytes(data)
+        return self.class_id(label_value(raw, self.member, self.key), class_to_idx, raw)
+
+    def class_id(self, value: int | str, class_to_idx: Mapping[str, int], raw: bytes = b"") -> int:
+        """The class id of a label value (:func:`label_value`'s) under this split's labels.
+
+        Raises:
+            ValueError: a name where ids are expected, an id where names are, an unknown name.
+
+        """
+        if self.names:
+            if isinstance(value, str) and value in class_to_idx:
+                return class_to_idx[value]
             raise ValueError(f"label {str(value)[:80]!r}, not one of the index's classes")
-        return class_to_idx[value]
+        if isinstance(value, int):
+            return value
+        if self.member == "cls":
+            raise ValueError(f"a .cls that is not a label: {raw[:24]!r}")
+        raise ValueError(f"a .json field {self.key!r} of {value[:80]!r}, not a class id")
 
 
 @dataclass(frozen=True)

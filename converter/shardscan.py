@@ -1,8 +1,9 @@
 """Reading the shards ``index`` indexes: each once, hashed and counted, from a directory or a URL.
 
-:func:`scan_shard` streams one shard through a hash and ``tarfile`` (only reading it), groups its
-members into samples as webdataset and the loader group them, and collects each sample's label
-value and what is wrong with it (no image, no label, an unreadable tar). :class:`ShardStore` lists
+:func:`scan_shard` streams one shard through a hash and the one tar reader (only reading it),
+groups its members into samples as webdataset and the loader group them, and collects each
+sample's label value and what is wrong with it (no image, no label, a key repeated, an unreadable
+tar). :class:`ShardStore` lists
 a source's shards, scans them in parallel (worker processes locally, threads for a URL) and writes
 the index beside them.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tarfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,9 +22,8 @@ from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 
-from .errors import DestinationError, ManifestError, SourceError, UnsafeFileError
+from .errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
 from .manifest import (
-    IMAGE_EXTENSIONS,
     INDEX_NAME,
     TIMM_INFO_NAME,
     Manifest,
@@ -32,10 +31,11 @@ from .manifest import (
     is_url,
     local_path,
     read_manifest,
-    split_member_name,
 )
 from .pool import default_workers, start_pool
 from .remote import write_index_url
+from .tarsamples import checked_samples, shown
+from .tarstream import TarStream, stream_end
 from .validate import check_name, open_regular
 from .verify import HashingReader
 from .write import write_atomic
@@ -43,8 +43,6 @@ from .write import write_atomic
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]
 
 Value = int | str  # a label as a shard holds it: a class id, or a class name
-_IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
-_LABEL_BYTES = 1 << 16  # a .cls or .json member larger than this holds no label
 _PROBLEMS_PER_SHARD = 5
 _READ_BLOCK = 8 << 20
 
@@ -68,77 +66,32 @@ class ShardScan:
 def scan_shard(
     opener: Callable[[], AbstractContextManager[BinaryIO]], name: str, label_field: str | None
 ) -> ShardScan:
-    """Read the shard ``opener()`` opens once: hash, size, samples, label values and problems."""
+    """Read the shard ``opener()`` opens once: hash, size, samples, label values and problems.
+
+    Members are read by the one tar reader the loader and ``verify`` read through, and samples are
+    judged by the same functions (:func:`~.tarsamples.checked_samples`).
+    """
     values: Counter[Value] = Counter()
     problems: list[str] = []
     bad, samples = 0, 0
-    key: str | None = None
-    exts: list[str] = []
-    label: bytes | None = None
-
-    def finish() -> None:
-        nonlocal samples, bad
-        samples += 1
-        problem = _sample_problem(exts, label, label_field, values)
-        if problem:
-            bad += 1
-            if len(problems) < _PROBLEMS_PER_SHARD:
-                problems.append(f"sample {key!r} {problem}")
-
     with opener() as f:
         reader = HashingReader(f)
+        tar = TarStream(reader, end=stream_end(f), seekable=False)  # type: ignore[arg-type]
         try:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
-                for member in tar:
-                    parts = split_member_name(member.name) if member.isreg() else None
-                    if parts is None:  # not part of a sample (webdataset and the loader skip it too)
-                        continue
-                    if parts[0] != key:
-                        if key is not None:
-                            finish()
-                        key, exts, label = parts[0], [], None
-                    exts.append(parts[1])
-                    if parts[1] == ("json" if label_field else "cls"):
-                        data = tar.extractfile(member) if member.size <= _LABEL_BYTES else None
-                        label = data.read() if data is not None else b""
-            if key is not None:
-                finish()
-        except (tarfile.TarError, EOFError, ValueError) as e:
+            for sample, value, problem in checked_samples(tar, "json" if label_field else "cls", label_field):
+                samples += 1
+                if value is not None:
+                    values[value] += 1
+                else:
+                    bad += 1
+                    if len(problems) < _PROBLEMS_PER_SHARD:
+                        problems.append(f"sample {shown(sample.key)} {problem}")
+        except ShardFormatError as e:
             bad += 1
-            problems.append(f"is not a readable tar after {samples} samples ({type(e).__name__}: {e})")
+            problems.append(f"is not a readable tar after {samples} samples ({e})")
         reader.drain()
     info = ShardInfo(name=name, samples=samples, bytes=reader.size, sha256=reader.sha.hexdigest())
     return ShardScan(info, values, tuple(problems), bad)
-
-
-def _sample_problem(
-    exts: list[str], label: bytes | None, label_field: str | None, values: Counter[Value]
-) -> str | None:
-    """What is wrong with one sample (None if nothing); adds its label value to ``values``."""
-    images = [e for e in exts if e in _IMAGE_EXTS]
-    if len(images) != 1:
-        return (
-            f"has members {sorted(exts)}: not one image among {', '.join(IMAGE_EXTENSIONS)} "
-            "(the extensions imgshards reads)"
-        )
-    member = f".json field {label_field!r}" if label_field else ".cls"
-    if label is None:
-        return f"has no {'.json' if label_field else '.cls'} member for its label"
-    try:
-        if label_field is None:
-            value: object = label.decode("utf-8").strip()
-        else:
-            doc = json.loads(label)
-            if not isinstance(doc, dict) or label_field not in doc:
-                fields = sorted(doc)[:8] if isinstance(doc, dict) else type(doc).__name__
-                return f"has no field {label_field!r} in its .json (it holds {fields})"
-            value = doc[label_field]
-    except ValueError as e:  # JSON and UTF-8 errors both
-        return f"has an unreadable label member ({e})"
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
-        return f"has no label: {member} is {value!r} (a class id or name expected)"
-    values[value] += 1
-    return None
 
 
 # ---- where the shards are: a directory or a URL -------------------------------------------------

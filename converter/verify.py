@@ -1,10 +1,14 @@
-"""``verify``: re-hash and recount every shard of a packed dataset against its index."""
+"""``verify``: re-hash and recount every shard of a packed dataset against its index.
+
+Shards are read by the one tar reader ``index`` and the loader read through, and each sample is
+judged as they judge it (:func:`~.tarsamples.checked_samples`): the count is of samples as the loader
+reads them (members grouped by adjacent keys), and a key met again after other samples is a problem.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tarfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -12,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .manifest import LabelSource, Manifest, ShardInfo, read_manifest, split_member_name
+from .errors import ShardEndError, ShardFormatError
+from .manifest import LabelSource, Manifest, ShardInfo, read_manifest
 from .pool import default_workers, start_pool
+from .tarsamples import checked_samples, shown
+from .tarstream import TarStream, stream_end
 from .validate import open_regular
 
 __all__ = [
@@ -28,7 +35,7 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
-_LABEL_BYTES = 1 << 16
+_PROBLEMS_PER_SHARD = 5
 
 
 def hash_file(path: str) -> str:
@@ -67,7 +74,7 @@ class VerifyReport:
 
 
 class HashingReader:
-    """A read-only stream that hashes what passes through it (tarfile reads shards sequentially)."""
+    """A read-only stream that hashes what passes through it (the tar reader reads it sequentially)."""
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
@@ -103,63 +110,50 @@ def check_shard_stream(
     """
     labels_from = labels_from or LabelSource()
     labels: Counter[int] = Counter()
-    keys: set[str] = set()
     problems: list[str] = []
+    samples = bad = 0
     try:
         with opener() as f:
             reader = HashingReader(f)
-            end = _real_size(f, expected)
+            end = stream_end(f)
+            tar = TarStream(reader, end=expected.bytes if end is None else end, seekable=False)  # type: ignore[arg-type]
             try:
-                with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
-                    for member in tar:
-                        if member.offset_data + member.size > end:  # else tarfile reads on for ever
-                            problems.append(
-                                f"member {member.name!r} declares {member.size} bytes, past the end"
-                            )
-                            break
-                        parts = split_member_name(member.name) if member.isreg() else None
-                        if parts is None:  # not part of a sample, as for the loader's reader
-                            continue
-                        key, ext = parts
-                        keys.add(key)
-                        if ext == labels_from.member:
-                            data = tar.extractfile(member)
-                            raw = data.read(_LABEL_BYTES) if data else b""
-                            label, problem = _label(raw, labels_from, class_to_idx, num_classes)
-                            if problem:
-                                problems.append(f"sample {key} {problem}")
-                            labels[label] += 1
-            except (tarfile.TarError, ValueError) as e:
+                for sample, value, problem in checked_samples(tar, labels_from.member, labels_from.key):
+                    samples += 1
+                    label = -1
+                    if value is not None:
+                        label, problem = _label(value, labels_from, class_to_idx, num_classes)
+                    if problem is not None:
+                        bad += 1
+                        if bad <= _PROBLEMS_PER_SHARD:
+                            problems.append(f"sample {shown(sample.key)} {problem}")
+                    labels[label] += 1
+            except ShardEndError as e:  # a size past the end: checked before anything is read or skipped
+                problems.append(f"member {e.member!r} declares {e.declared} bytes, past the end")
+            except ShardFormatError as e:
                 problems.append(f"unreadable tar ({e})")
             reader.drain()
     except FileNotFoundError:
         return [f"missing (expected {expected.bytes} bytes)"], labels
     except OSError as e:  # not a regular file, a symlink out of the dataset, unreadable
         return [f"unreadable ({e.strerror or e})"], labels
+    if bad > _PROBLEMS_PER_SHARD:
+        problems.append(f"{bad - _PROBLEMS_PER_SHARD} more sample(s) with problems")
     if reader.size != expected.bytes:
         problems.append(f"{reader.size} bytes, index says {expected.bytes}")
     if reader.sha.hexdigest() != expected.sha256:
         problems.append("SHA-256 differs from the index: the file changed or is damaged")
-    if len(keys) != expected.samples or sum(labels.values()) != expected.samples:
-        problems.append(f"{len(keys)} samples, index says {expected.samples}")
+    if samples != expected.samples:
+        problems.append(f"{samples} samples, index says {expected.samples}")
     return problems, labels
 
 
-def _real_size(f: BinaryIO, expected: ShardInfo) -> int:
-    """The shard's size as its file system says (the index's if it cannot say): where members must end."""
-    try:
-        return os.fstat(f.fileno()).st_size
-    except (AttributeError, OSError, ValueError):
-        size = getattr(f, "size", None)  # fsspec's files
-        return size if isinstance(size, int) else expected.bytes
-
-
 def _label(
-    data: bytes, labels_from: LabelSource, class_to_idx: Mapping[str, int] | None, num_classes: int
+    value: int | str, labels_from: LabelSource, class_to_idx: Mapping[str, int] | None, num_classes: int
 ) -> tuple[int, str | None]:
-    """A sample's label, and what is wrong with it (then the label is -1), if anything."""
+    """A sample's class id, and what is wrong with it (then the id is -1), if anything."""
     try:
-        label = labels_from.parse(data, class_to_idx or {})
+        label = labels_from.class_id(value, class_to_idx or {})
     except ValueError as e:
         return -1, f"has {e}"
     if not 0 <= label < num_classes:

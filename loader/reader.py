@@ -1,11 +1,13 @@
-"""Read a run of samples from one WebDataset tar shard as raw (undecoded) bytes.
+"""Read a run of samples from one WebDataset tar shard as raw (undecoded) bytes: the loader's adapter.
 
-A thin ustar reader, not ``tarfile``: ``tarfile``'s stream mode (what webdataset's
-``tar_file_iterator`` opens shards with) reads in 10 KiB Python-level chunks and parses every header
-field in Python, ~0.3 ms a sample here, a fifth of what decoding and augmenting the image costs.
-This reader does one ``read`` per header and one ``readinto`` per kept member, checks each header's
-checksum, steps over skipped members with ``seek`` (a run that starts deep in a shard costs no
-reading), and stops at the run's end without reading the rest of the shard.
+The tar is parsed by the converter's one member parser (:class:`~imgshards.converter.tarstream.TarStream`)
+and grouped into samples by its one grouper (:class:`~imgshards.converter.tarsamples.SampleReader`), the
+very code ``imgshards index`` and ``verify`` read shards with, so all three accept and refuse the same
+members (sparse files, a NUL in a name, extended headers past the one cap...) and count the same
+samples. Not ``tarfile``: its stream mode reads in 10 KiB Python-level chunks and parses every
+header field in Python. The parser does one ``read`` per header and one per kept member, checks each
+header's checksum, steps over skipped members with ``seek``, and stops at the run's end without
+reading the rest of the shard.
 
 Members are grouped into samples as webdataset does (``base_plus_ext``: the key is the name up to the
 first dot of its last path part, the extension the rest, lower-cased); the tests hold its output to
@@ -15,8 +17,9 @@ load too.
 
 A shard is untrusted input: every member's declared size is checked against the bytes left in the
 shard before anything is allocated or skipped, names that are not UTF-8 are read as bytes
-(``surrogateescape``, as ``tarfile`` does), and a label that is not an integer in ``0..classes-1``
-makes its sample corrupt (``on_corrupt``), never a label passed on.
+(``surrogateescape``, as ``tarfile`` does), and a sample that is not one image and a label, or whose
+label is not a class id in ``0..classes-1`` (read by the one label reader,
+:func:`~imgshards.converter.labels.label_value`), is corrupt (``on_corrupt``), never passed on.
 """
 
 from __future__ import annotations
@@ -29,18 +32,17 @@ from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from imgshards.converter.errors import ImgshardsError
+from imgshards.converter.errors import ImgshardsError, ShardFormatError
 from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource
+from imgshards.converter.tarsamples import SampleReader, TarSample, sample_problem
+from imgshards.converter.tarstream import TarStream
 
 from .errors import CorruptImageError, ShardReadError
 
 __all__ = ["RawSample", "ShardFormatError", "image_member", "read_run", "sample_shard"]
 
-_BLOCK = 512
 _READ_BUFFER = 1 << 20
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
-_REGULAR = (b"0", b"\0", b"7")
-_MAX_EXTENDED_HEADER = 1 << 20  # a pax or GNU long-name header: a path, a few keywords
 
 
 class RawSample(dict[str, Any]):
@@ -94,10 +96,6 @@ def image_member(sample: Mapping[str, Any]) -> str:
 def sample_shard(sample: Mapping[str, Any]) -> str:
     """The file name of the shard a sample dict came from (``"?"`` if it does not say)."""
     return str(sample.get("__url__", "?")).rsplit("/", 1)[-1]
-
-
-class ShardFormatError(Exception):
-    """The shard ends early or holds something that is not a tar header where one should be."""
 
 
 def read_run(
@@ -168,144 +166,39 @@ def read_run(
 def _samples(
     f: BufferedReader, start: int, stop: int, url: str, labels: _Labels, readable: list[int]
 ) -> Generator[RawSample | CorruptImageError, None, None]:
-    """Group the members of samples ``[start, stop)`` (adjacent in the tar) into raw samples.
+    """Samples ``[start, stop)`` of the shard, from the converter's one tar reader, as raw samples.
 
     A sample that is not usable comes out as the error saying why, in its place. ``readable[0]``
     follows how many complete samples the shard was seen to hold (for the message about a damaged
     shard).
     """
-    index, key = -1, None
-    parts: dict[str, bytes] = {}
-    exts: set[str] = set()  # of the current sample's members, read or stepped over
     end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
     f.seek(0)
-    headers = _headers(f, end)
-    while True:
-        try:
-            name, size = next(headers)
-        except StopIteration:
-            break
-        except ShardFormatError:
-            # The sample before the damage counts as whole if it had a label and an image (its
-            # members' sizes were all checked against the shard's real size).
-            complete = labels.member in exts and not _IMAGE_EXTS.isdisjoint(exts)
-            readable[0] = index + 1 if complete else max(index, 0)
-            if complete and parts:
-                yield _to_raw(key, parts, url, labels)
-            raise
-        slash = name.rfind("/") + 1
-        dot = name.find(".", slash)
-        if dot < 0:  # no extension: not part of a sample (webdataset skips these too)
-            _skip(f, size)
-            continue
-        member_key, ext = name[:dot], name[dot + 1 :].lower()
-        if member_key != key:
-            readable[0] = index + 1
-            if parts:
-                yield _to_raw(key, parts, url, labels)
-                parts = {}
-            key, index = member_key, index + 1
-            exts = set()
-            if index >= stop:
-                return
-        exts.add(ext)
-        if index < start or ext in labels.skipped:
-            _skip(f, size)
-            continue
-        data = f.read(size)  # bytes, as webdataset's samples hold them; one read a member
-        if len(data) != size:
-            raise ShardFormatError(f"member {name} is cut short")
-        _skip(f, size, size)
-        parts[ext] = data
-    if parts:
-        sample = _to_raw(key, parts, url, labels)
-        if isinstance(sample, CorruptImageError) and (
-            labels.member not in parts or _IMAGE_EXTS.isdisjoint(parts)
-        ):
-            raise ShardFormatError(f"sample {key!r} is cut short")  # the shard ends inside it
-        readable[0] = index + 1
-        yield sample
-    else:  # the last sample was stepped over with seeks, which do not tell whether its data was all there
-        readable[0] = index + 1 if index >= stop else max(index, 0)
-
-
-def _headers(f: BufferedReader, end: int) -> Iterator[tuple[str, int]]:
-    """Yield ``(name, size)`` of each regular member, leaving ``f`` at its data.
-
-    Every size is checked against ``end``, the shard's real size, before it is used.
-    """
-    long_name: str | None = None
-    while True:
-        header = f.read(_BLOCK)
-        if len(header) < _BLOCK:
-            if header:
-                raise ShardFormatError("a tar header is cut short")
-            return  # no end-of-archive blocks: a shard cut at a member boundary (the count tells)
-        if header.count(0) == _BLOCK:
-            return  # end of archive
-        if _checksum(header) != _octal(header[148:156]):
-            raise ShardFormatError("a tar header has a bad checksum")
-        size = _octal(header[124:136])
-        if size > end - f.tell():
-            raise ShardFormatError(f"a tar member declares {size} bytes, more than the shard has left")
-        kind = header[156:157]
-        if kind in (b"x", b"g", b"L"):
-            if size > _MAX_EXTENDED_HEADER:
-                raise ShardFormatError(f"an extended tar header declares {size} bytes")
-            data = f.read(size)
-            if len(data) != size:
-                raise ShardFormatError("an extended tar header is cut short")
-            _skip(f, size, size)
-            if kind == b"L":
-                long_name = _text(data.rstrip(b"\0"))
-            elif kind == b"x":
-                long_name = _pax_path(data) or long_name
-            continue
-        if long_name is not None:
-            name, long_name = long_name, None
-        else:
-            name = _text(header[:100].rstrip(b"\0"))
-            prefix = header[345:500].rstrip(b"\0") if header[257:262] == b"ustar" else b""
-            if prefix:
-                name = _text(prefix) + "/" + name
-        if kind in _REGULAR:
-            yield name, size
-        else:
-            _skip(f, size)
-
-
-def _skip(f: BufferedReader, size: int, done: int = 0) -> None:
-    """Move past the rest of a member of ``size`` data bytes (``done`` of them read) and its padding."""
-    f.seek(size - done + (-size % _BLOCK), 1)
-
-
-def _octal(field: bytes) -> int:
-    digits = field.rstrip(b"\0 ").lstrip(b" ")
-    if digits[:1] == b"\x80":  # GNU base-256 for big numbers
-        return int.from_bytes(digits[1:], "big")
+    tar = TarStream(f, end=end)
+    reader = SampleReader(tar, start=start, stop=stop, skip=labels.skipped)
+    member = labels.member
     try:
-        return int(digits, 8) if digits else 0
-    except ValueError:
-        raise ShardFormatError(f"a tar header field is not a number: {field!r}") from None
-
-
-def _checksum(header: bytes) -> int:
-    return sum(header[:148]) + 8 * 32 + sum(header[156:])
-
-
-def _pax_path(data: bytes) -> str | None:
-    path = None
-    for record in data.split(b"\n"):
-        _, _, keyword_value = record.partition(b" ")
-        keyword, _, value = keyword_value.partition(b"=")
-        if keyword == b"path":
-            path = _text(value)
-    return path
-
-
-def _text(name: bytes) -> str:
-    """A member name as text; bytes that are not UTF-8 are kept as surrogates (as ``tarfile`` does)."""
-    return name.decode("utf-8", "surrogateescape")
+        for sample in reader:
+            if sample.cut:  # the damage fell in this sample: whole if its label and image came before it
+                if member in sample.parts and not _IMAGE_EXTS.isdisjoint(sample.parts):
+                    yield _to_raw(sample, url, labels)
+                continue
+            raw = _to_raw(sample, url, labels)
+            if (
+                reader.final
+                and not tar.ended
+                and isinstance(raw, CorruptImageError)
+                and (member not in sample.exts or _IMAGE_EXTS.isdisjoint(sample.exts))
+            ):
+                readable[0] = sample.index  # no end-of-archive block: the shard was cut inside it
+                raise ShardFormatError(f"sample {sample.key!r} is cut short")
+            yield raw
+    except ShardFormatError:
+        cut = reader.cut_exts  # the sample before the damage counts as whole if it had a label and an image
+        whole = cut is not None and member in cut and not _IMAGE_EXTS.isdisjoint(cut)
+        readable[0] = max(readable[0], reader.seen + whole)
+        raise
+    readable[0] = reader.seen
 
 
 class _Labels:
@@ -327,27 +220,30 @@ class _Labels:
         self.parse: Callable[[bytes], int] = functools.partial(labels.parse, class_to_idx=class_to_idx or {})
 
 
-def _to_raw(
-    key: str | None, parts: dict[str, bytes], url: str, labels: _Labels
-) -> RawSample | CorruptImageError:
+def _to_raw(sample: TarSample, url: str, labels: _Labels) -> RawSample | CorruptImageError:
     shard = url.rsplit("/", 1)[-1]
-    images = [ext for ext in parts if ext in _IMAGE_EXTS]
-    label = parts.get(labels.member)
-    if label is None or len(images) != 1:
-        return _corrupt(key, shard, f"members {sorted(parts)}, not one image and a .{labels.member}")
+    problem = sample_problem(sample.exts, labels.member)
+    if problem is not None:
+        return _corrupt(sample.key, shard, problem)
+    parts = sample.parts
     try:
-        value = labels.parse(label)
+        value = labels.parse(parts[labels.member])
     except ValueError as e:  # says what the member holds
-        return _corrupt(key, shard, str(e))
+        return _corrupt(sample.key, shard, f"has {e}")
     num_classes = labels.num_classes
     if num_classes is not None and not 0 <= value < num_classes:
-        return _corrupt(key, shard, f"label {value}, outside the index's classes 0..{num_classes - 1}")
-    return RawSample(parts, key=str(key), url=url, label=value, ext=images[0])
+        return _corrupt(
+            sample.key, shard, f"has label {value}, outside the index's classes 0..{num_classes - 1}"
+        )
+    for ext in parts:
+        if ext in _IMAGE_EXTS:
+            return RawSample(parts, key=sample.key, url=url, label=value, ext=ext)
+    raise AssertionError("sample_problem passed a sample without an image")
 
 
 def _corrupt(key: str | None, shard: str, reason: str) -> CorruptImageError:
     return CorruptImageError(
-        f"sample {key!r} in shard {shard} has {reason}; it is skipped "
+        f"sample {key!r} in shard {shard} {reason}; it is skipped "
         '(on_error="raise" stops on it); re-pack the dataset, or run `imgshards verify`',
         key=key,
         shard=shard,
