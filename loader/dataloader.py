@@ -11,8 +11,13 @@ goes on: the rest of the epoch is the same batches, in the same order, with the 
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
 import pickle
+import select
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
@@ -142,9 +147,11 @@ class ShardLoader:
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
         done = delivered >= total
-        if self._start_method is None and self.num_workers > 0:
+        if self.num_workers > 0:
             # Read only when workers start (the first pass, or every pass without persistent workers).
-            self.dataloader.multiprocessing_context = _start_method(ds)
+            if self._start_method is None:
+                self.dataloader.multiprocessing_context = _start_method(ds)
+            self.dataloader.worker_init_fn = functools.partial(_end_with, os.getpid())
         batches = _timed(cast(Iterable[Batch], self.dataloader), self.dataloader.timeout, self.num_workers)
         if self.decoder is not None:
             batches = self.decoder.stream(self.dataloader)
@@ -287,6 +294,9 @@ def _start_method(dataset: ShardDataset) -> str | None:
             stacklevel=4,
         )
         return None
+    # The server imports what every worker needs once; each worker is then forked from it ready,
+    # instead of importing torch itself. (A no-op once the server runs; __main__ is the default's.)
+    multiprocessing.set_forkserver_preload(["__main__", "torch", "imgshards.loader"])
     return "forkserver"
 
 
@@ -307,3 +317,41 @@ def _timed(batches: Iterable[Batch], timeout: float, workers: int) -> Iterator[B
                 "stuck or never started; make_loader(timeout=...) sets the wait (0: none)"
             ) from None
         yield batch
+
+
+def _end_with(owner: int, worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: end this worker when process ``owner``, which started it, ends.
+
+    DataLoader's own watchdog notices only the death of the worker's parent, and the parent of a worker
+    started from a forkserver is the server, which lives on as long as any of its workers does: a
+    training process killed (SIGKILL, SIGTERM, ``os._exit``) would leave them running for ever, holding
+    its pipes and cache files. A daemon thread waits for ``owner`` to end (a pidfd where the OS has
+    them, else a check every second) and ends the worker.
+    """
+    del worker_id
+    if os.getppid() == owner:
+        return  # forked by the owner itself: DataLoader's watchdog sees it end
+    try:
+        fd = os.pidfd_open(owner)
+    except (AttributeError, OSError):  # not Linux, or the owner already gone
+        fd = None
+    threading.Thread(target=_wait_for, args=(owner, fd), name="imgshards-owner", daemon=True).start()
+
+
+def _wait_for(owner: int, fd: int | None) -> None:
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        while _alive(owner):
+            time.sleep(1.0)
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

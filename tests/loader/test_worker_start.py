@@ -6,6 +6,7 @@ A worker forked while another thread holds an interpreter lock can hang inside `
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -105,3 +106,39 @@ def test_a_negative_timeout_is_refused(packed_many, timeout):
 
     with pytest.raises(ConfigError, match="timeout must be >= 0 seconds"):
         make_loader(ShardDataset(packed_many, transform=IDENTITY), num_workers=2, timeout=timeout)
+
+
+KILLED = """
+import json, os, signal, sys, threading, torch
+from imgshards.loader import ShardDataset, make_loader
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # a trainer's thread
+loader = make_loader(ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity()), num_workers=2)
+next(iter(loader))
+workers = [p.pid for p in loader.dataloader._iterator._workers]
+method = loader.dataloader.multiprocessing_context.get_start_method()
+print(json.dumps({"method": method, "workers": workers}))
+sys.stdout.flush()
+os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_workers_from_a_forkserver_end_with_the_training_process(packed_many, how):
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED, str(packed_many), how], capture_output=True, text=True, timeout=180
+    )
+    started = json.loads(done.stdout)
+    assert started["method"] == "forkserver" and len(started["workers"]) == 2
+    deadline = time.monotonic() + 10
+    while any(map(alive, started["workers"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(alive, started["workers"])), f"workers left behind after {how}"
