@@ -16,7 +16,7 @@ from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
-from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
+from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, ShardReadError
 from .mix import MixedDataset
 from .offload import DecodeOn
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "CorruptImageError",
     "DecodeOn",
+    "LoaderTimeoutError",
     "MixedDataset",
     "Mode",
     "OnError",

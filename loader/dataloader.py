@@ -11,6 +11,13 @@ goes on: the rest of the epoch is the same batches, in the same order, with the 
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
+import pickle
+import select
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
@@ -22,7 +29,7 @@ from torch.utils.data import DataLoader
 from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
-from .errors import ConfigError, ResumeError
+from .errors import ConfigError, LoaderTimeoutError, ResumeError
 from .state import STATE_VERSION, check_settings, settings
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -36,6 +43,7 @@ def make_loader(
     prefetch_factor: int = 2,
     persistent_workers: bool = True,
     multiprocessing_context: str | None = None,
+    timeout: float = 600.0,
 ) -> ShardLoader:
     """Return a :class:`ShardLoader` over ``dataset``.
 
@@ -48,7 +56,13 @@ def make_loader(
         prefetch_factor: Batches each worker prepares ahead.
         persistent_workers: Keep the workers between epochs (no start-up cost per epoch);
             :meth:`ShardLoader.set_epoch` reaches them all the same.
-        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``; default the platform's.
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``. By default workers
+            are forked while this process runs one thread, and started from a forkserver once it
+            runs more (a rank in a process group, a trainer's threads): a process forked while
+            another thread holds an interpreter lock can hang before it runs a line.
+        timeout: Seconds to wait for a batch from the workers before raising
+            :class:`LoaderTimeoutError` (a worker stuck, or one that never started); ``0``: wait for
+            ever.
 
     """
     if not isinstance(dataset, ShardDataset):
@@ -57,6 +71,8 @@ def make_loader(
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     if prefetch_factor < 1:
         raise ConfigError(f"prefetch_factor must be >= 1, got {prefetch_factor}")
+    if timeout < 0:
+        raise ConfigError(f"timeout must be >= 0 seconds (0: no timeout), got {timeout}")
     workers = num_workers > 0
     loader = DataLoader(
         dataset,
@@ -66,11 +82,12 @@ def make_loader(
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers,
         multiprocessing_context=multiprocessing_context if workers else None,
+        timeout=timeout if workers else 0,
         # DataLoader draws a base seed per pass; from its own generator it leaves the caller's
         # torch RNG alone. (The dataset seeds augmentation itself, per batch.)
         generator=torch.Generator().manual_seed(dataset.seed),
     )
-    return ShardLoader(dataset, loader)
+    return ShardLoader(dataset, loader, start_method=multiprocessing_context)
 
 
 class ShardLoader:
@@ -89,9 +106,12 @@ class ShardLoader:
     not yet delivered exactly once (see :mod:`.elastic`).
     """
 
-    def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Any]) -> None:
+    def __init__(
+        self, dataset: ShardDataset, dataloader: DataLoader[Any], *, start_method: str | None = None
+    ) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
+        self._start_method = start_method  # the caller's choice; None: chosen as workers start
         # With dataset.decode_on the workers send raw batches, decoded here (device.py).
         self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
         self._loaded = False  # a state was loaded: an eval pass resumes too
@@ -127,7 +147,12 @@ class ShardLoader:
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
         done = delivered >= total
-        batches = cast(Iterable[Batch], self.dataloader)
+        if self.num_workers > 0:
+            # Read only when workers start (the first pass, or every pass without persistent workers).
+            if self._start_method is None:
+                self.dataloader.multiprocessing_context = _start_method(ds)
+            self.dataloader.worker_init_fn = functools.partial(_end_with, os.getpid())
+        batches = _timed(cast(Iterable[Batch], self.dataloader), self.dataloader.timeout, self.num_workers)
         if self.decoder is not None:
             batches = self.decoder.stream(self.dataloader)
         for batch in batches:
@@ -242,3 +267,91 @@ class ShardLoader:
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
         self.dataset._set_position(epoch, stages, batches)
         self._loaded = True
+
+
+def _start_method(dataset: ShardDataset) -> str | None:
+    """How DataLoader workers starting now are started: ``None`` (fork, on Linux) or ``"forkserver"``.
+
+    ``fork`` copies only the calling thread. A thread that held one of the interpreter's locks at that
+    moment never releases it in the child, which then hangs inside ``os.fork()`` before running a line
+    (seen in a resumed Lightning DDP rank: gloo's threads, a trainer's threads). So once this process
+    runs more than one thread, or is a rank of a process group (whose C++ threads ``threading`` does not
+    list), workers start from a forkserver: a clean single-threaded process started for that purpose.
+    That pickles the dataset into each worker; a dataset that does not pickle (a lambda among its
+    stages) is forked as before, with a warning.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if threading.active_count() == 1 and not distributed:
+        return None
+    try:
+        pickle.dumps(dataset)
+    except Exception as e:  # any pickling failure: lambdas, local classes, open handles
+        warnings.warn(
+            f"this process runs several threads, so DataLoader workers should start from a "
+            f"forkserver, but the dataset does not pickle ({type(e).__name__}: {e}); forking them, "
+            "which can hang a worker at start-up: define the dataset's stages at module level",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    # The server imports what every worker needs once; each worker is then forked from it ready,
+    # instead of importing torch itself. (A no-op once the server runs; __main__ is the default's.)
+    multiprocessing.set_forkserver_preload(["__main__", "torch", "imgshards.loader"])
+    return "forkserver"
+
+
+def _timed(batches: Iterable[Batch], timeout: float, workers: int) -> Iterator[Batch]:
+    """``batches``, with the DataLoader's timeout raised as :class:`LoaderTimeoutError`."""
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as e:
+            # DataLoader raises a plain RuntimeError("DataLoader timed out after N seconds").
+            if not str(e).startswith("DataLoader timed out"):
+                raise
+            raise LoaderTimeoutError(
+                f"no batch came from the {workers} DataLoader worker(s) in {timeout:g} s: a worker is "
+                "stuck or never started; make_loader(timeout=...) sets the wait (0: none)"
+            ) from None
+        yield batch
+
+
+def _end_with(owner: int, worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: end this worker when process ``owner``, which started it, ends.
+
+    DataLoader's own watchdog notices only the death of the worker's parent, and the parent of a worker
+    started from a forkserver is the server, which lives on as long as any of its workers does: a
+    training process killed (SIGKILL, SIGTERM, ``os._exit``) would leave them running for ever, holding
+    its pipes and cache files. A daemon thread waits for ``owner`` to end (a pidfd where the OS has
+    them, else a check every second) and ends the worker.
+    """
+    del worker_id
+    if os.getppid() == owner:
+        return  # forked by the owner itself: DataLoader's watchdog sees it end
+    try:
+        fd = os.pidfd_open(owner)
+    except (AttributeError, OSError):  # not Linux, or the owner already gone
+        fd = None
+    threading.Thread(target=_wait_for, args=(owner, fd), name="imgshards-owner", daemon=True).start()
+
+
+def _wait_for(owner: int, fd: int | None) -> None:
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        while _alive(owner):
+            time.sleep(1.0)
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from imgshards.converter.errors import ImgshardsError, ManifestError
 
-__all__ = ["ConfigError", "CorruptImageError", "ManifestError", "ResumeError", "ShardReadError"]
+__all__ = [
+    "ConfigError",
+    "CorruptImageError",
+    "LoaderTimeoutError",
+    "ManifestError",
+    "ResumeError",
+    "ShardReadError",
+]
 
 
 class ConfigError(ImgshardsError, ValueError):
@@ -38,6 +45,10 @@ class CorruptImageError(ImgshardsError):
             key=key,
             shard=shard,
         )
+
+
+class LoaderTimeoutError(ImgshardsError, TimeoutError):
+    """No batch came from the DataLoader workers within ``make_loader(timeout=...)`` seconds."""
 
 
 class ResumeError(ImgshardsError):
