@@ -42,6 +42,7 @@ from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
 from .pool import add_progress
 from .resume import combined_digest, file_digest
+from .safefs import create, write_atomic
 from .scan import PathTable, Reject
 from .tarwriter import TarWriter
 
@@ -139,17 +140,6 @@ class ShardRecord:
         )
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -230,7 +220,9 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     def flush() -> None:
         for shard, buffer in buffers.items():
             path = written.setdefault(shard, os.path.join(task.buckets, f"{shard:06d}-{os.getpid()}.bin"))
-            with open(path, "ab") as f:
+            # O_NOFOLLOW: a link planted at a bucket's name is refused, not written through.
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "ab") as f:
                 f.write(buffer)
         buffers.clear()
 
@@ -261,7 +253,8 @@ def _load_buckets(buckets: tuple[str, ...], count: int, shard: str) -> list[byte
     """The bytes (or read error) of each of a shard's ``count`` files, in plan order."""
     files: list[bytes | OSError | None] = [None] * count
     for path in buckets:
-        with open(path, "rb", buffering=1 << 20) as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb", buffering=1 << 20) as f:
             while header := f.read(_RECORD.size):
                 slot, length, error = _RECORD.unpack(header)
                 payload = f.read(length)
@@ -318,7 +311,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     else:
         assert task.sizes is not None, "a direct task carries the sizes of its files"
         files = map(_read, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
-    with open(tmp, "wb", buffering=1 << 20) as f:
+    with create(tmp, buffering=1 << 20) as f:  # O_EXCL | O_NOFOLLOW: never written through a link
         tar = TarWriter(f)
         for i, data in enumerate(files):
             digests.append(file_digest(data))
