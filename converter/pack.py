@@ -245,6 +245,7 @@ def _write_all(
             image_format=image_format,
             src=str(scan.root) if direct else None,
             sizes=scan.sizes[idx] if direct else None,
+            max_pixels=config.max_pixels,
         )
 
     tasks = (make_task(i) for i in todo)

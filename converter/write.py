@@ -94,6 +94,7 @@ class ShardTask:
     image_format: str | None = None
     src: str | None = None
     sizes: np.ndarray | None = None
+    max_pixels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -363,7 +364,7 @@ def _inspect(
     """Return the bytes to store, their verdict and why they were converted; or why it is rejected."""
     if isinstance(data, OSError):
         return Reject(rel, Reason.UNREADABLE, data.strerror or str(data))
-    verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check)
+    verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check, task.max_pixels)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)
     try:
