@@ -53,6 +53,8 @@ class Reason(str, enum.Enum):
     UNSUPPORTED_FORMAT = "unsupported_format"
     TRUNCATED = "truncated"
     TOO_MANY_PIXELS = "too_many_pixels"
+    TOO_LARGE = "too_large"
+    GREW = "grew_while_packed"
     UNDECODABLE = "undecodable"
     NOT_IN_SPLIT_FILE = "not_in_split_file"
 

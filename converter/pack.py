@@ -100,10 +100,10 @@ def pack(
     counter = shared_counter()
     planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
     with contextlib.ExitStack() as locks:
+        locks.enter_context(explained(dst_path, sorted(names), planned))
         for name in sorted(names):
             busy = f"another `imgshards pack` is writing split {name!r} into {dst_path}"
             locks.enter_context(locked(dst_path, dst_path / STATE_DIR / name / "lock", busy))
-        locks.enter_context(explained(dst_path, sorted(names), planned))
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
         written = reused = 0

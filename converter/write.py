@@ -57,6 +57,11 @@ _WINDOW_BYTES = 64 << 20
 # A bucket record: position in the shard, payload length, errno (0: the payload is the file's bytes;
 # otherwise the file could not be read and the payload is the error message).
 _RECORD = struct.Struct("<IIi")
+# Reasons _read gives up on a file that are not the system's errors: negative errno values, so that
+# they travel through the buckets like the others.
+_GREW, _TOO_LARGE = -2, -3
+_REASONS = {_GREW: Reason.GREW, _TOO_LARGE: Reason.TOO_LARGE}
+_MAX_MEMBER = 8**11 - 1  # ustar's size field: 11 octal digits
 
 
 @dataclass(frozen=True)
@@ -150,18 +155,38 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _read(path: str, size: int) -> bytes | OSError:
-    """Read a whole file whose size the scan saw; three system calls for a small file."""
+    """Read a whole file whose size the scan saw: one read for a file as scanned, bounded in any case.
+
+    A file that grew since the scan is read up to :func:`_bound` bytes and rejected past it (one
+    growing without end, say a log), a file too large to hold in memory or in a tar member is
+    rejected, and a FIFO swapped in for a file reads as empty instead of blocking (``O_NONBLOCK``).
+    """
+    if size > _MAX_MEMBER:
+        return OSError(_TOO_LARGE, f"{size:,} bytes: over a tar member's limit of {_MAX_MEMBER:,}")
+    bound = _bound(size)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             chunks = [os.read(fd, size + 1)]
-            while len(chunks[-1]) and sum(map(len, chunks)) > size:  # it grew since the scan
-                chunks.append(os.read(fd, 1 << 20))
+            total = len(chunks[0])
+            # Shrunk, grew, or cut short (a read returns at most 2 GiB): read on, up to the bound.
+            while total != size and chunks[-1] and total <= bound:
+                chunks.append(os.read(fd, min(bound + 1 - total, 64 << 20)))
+                total += len(chunks[-1])
         finally:
             os.close(fd)
     except OSError as e:
         return e
+    except MemoryError:
+        return OSError(_TOO_LARGE, f"{size:,} bytes: too large to read into memory")
+    if total > bound:
+        return OSError(_GREW, f"grew past {bound:,} bytes while being packed ({size:,} at the scan)")
     return b"".join(chunks) if len(chunks) > 1 else chunks[0]
+
+
+def _bound(size: int) -> int:
+    """The most bytes read from a file the scan saw at ``size``: a margin for one rewritten since."""
+    return min(size + size // 4 + (1 << 20), _MAX_MEMBER)
 
 
 def _windows(sizes: list[int]) -> Iterator[range]:
@@ -363,7 +388,7 @@ def _inspect(
 ) -> Reject | tuple[bytes, Inspection, tuple[str, ...]]:
     """Return the bytes to store, their verdict and why they were converted; or why it is rejected."""
     if isinstance(data, OSError):
-        return Reject(rel, Reason.UNREADABLE, data.strerror or str(data))
+        return Reject(rel, _REASONS.get(data.errno or 0, Reason.UNREADABLE), data.strerror or str(data))
     verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check, task.max_pixels)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,21 +51,6 @@ def test_a_file_rewritten_in_place_is_found_and_its_shard_packed_again(tree_fact
     assert pack(src, out, CONFIG).shards_written == 0, "and a rerun of an unchanged tree redoes nothing"
 
 
-@contextlib.contextmanager
-def small_disk(path: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of ``size`` bytes mounted at ``path`` (root only; skips the test where it cannot mount)."""
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, check=False
-    )
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def fill(disk: Path) -> None:
     """Write a file on ``disk`` until the device is full."""
     with open(disk / "filler", "wb") as f:
@@ -80,29 +62,28 @@ def fill(disk: Path) -> None:
             assert e.errno == errno.ENOSPC
 
 
-def test_a_full_disk_is_one_line_that_says_how_much_room_and_that_a_rerun_resumes(tiny_tree, tmp_path):
+def test_a_full_disk_is_one_line_that_says_how_much_room_and_that_a_rerun_resumes(tiny_tree, tmp_path, tmpfs):
     fresh = pack(tiny_tree, tmp_path / "fresh", CONFIG)
     shards = len(fresh.info.shards)
-    room = 2 * fresh.info.bytes + (1 << 20)
-    with small_disk(tmp_path / "out", room) as out:
-        written: list[Path] = []
+    out = tmpfs(2 * fresh.info.bytes + (1 << 20))
+    written: list[Path] = []
 
-        def fill_after_the_last_shard(path: Path, record: object) -> None:
-            written.append(path)
-            if len(written) == shards:  # the index, written last, then finds the device full
-                fill(out)
+    def fill_after_the_last_shard(path: Path, record: object) -> None:
+        written.append(path)
+        if len(written) == shards:  # the index, written last, then finds the device full
+            fill(out)
 
-        with pytest.raises(PackError) as caught:
-            pack(tiny_tree, out, CONFIG, hooks=PackHooks(on_shard=fill_after_the_last_shard))
-        message = str(caught.value)
-        assert "\n" not in message and message.startswith(f"no space left on the device of {out}")
-        assert "needs about " in message and " MB free now" in message
-        assert "run the same command again: it resumes" in message
-        assert not (out / "index.json").exists()
-        (out / "filler").unlink()
-        again = pack(tiny_tree, out, CONFIG)
-        assert again.shards_written == 0 and again.shards_reused == len(again.info.shards)
-        assert outputs(out) == outputs(tmp_path / "fresh")
+    with pytest.raises(PackError) as caught:
+        pack(tiny_tree, out, CONFIG, hooks=PackHooks(on_shard=fill_after_the_last_shard))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"no space left on the device of {out}")
+    assert "needs about " in message and " MB free now" in message
+    assert "run the same command again: it resumes" in message
+    assert not (out / "index.json").exists()
+    (out / "filler").unlink()
+    again = pack(tiny_tree, out, CONFIG)
+    assert again.shards_written == 0 and again.shards_reused == len(again.info.shards)
+    assert outputs(out) == outputs(tmp_path / "fresh")
 
 
 def _pool_workers() -> list[int]:
