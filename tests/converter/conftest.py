@@ -31,6 +31,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         mounted.append(path)
         return path
 
+    mount.remount = remount  # type: ignore[attr-defined]
     yield mount
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
