@@ -20,7 +20,7 @@ from typing import Any
 from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from .plan import Plan
-from .safefs import clear_dir, locked_fd, read_bytes, unlink, write_atomic
+from .safefs import clear_dir, locked_fd, read_bytes, remove, write_atomic
 from .scan import ScanResult
 from .write import ShardRecord
 
@@ -82,7 +82,7 @@ def prepare(dst: Path, state: Path, args: dict[str, Any], overwrite: bool, plan:
     else:
         raise DestinationError(conflict(dst, split, previous, wanted, leftovers))
     for stale in dst.glob(f".{split}-*.partial"):
-        stale.unlink()  # in dst itself: a link is removed, not followed
+        remove(stale, root=dst)  # a link is removed, not followed; a directory in the way too
     write_atomic(plan_file, (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode(), root=dst)
 
 
@@ -111,7 +111,7 @@ def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftove
 def clear_split(dst: Path, state: Path, split: str) -> None:
     """Remove a split from ``dst``: its shards, rejects, records and its entry in the index."""
     for path in [*dst.glob(f"{split}-*.tar"), dst / rejects_name(split), dst / f"{split}-rejects.jsonl"]:
-        unlink(path, root=dst)  # the last: where rejects were written before 0.1.1
+        remove(path, root=dst)  # the last: where rejects were written before 0.1.1
     clear_dir(state, root=dst, keep=frozenset({"lock"}))
     if (dst / INDEX_NAME).exists():
         with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):

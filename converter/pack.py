@@ -48,7 +48,7 @@ from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
-from .safefs import is_regular, make_dirs, remove_tree, write_atomic
+from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan import Reject, ScanResult, scan_tree
 from .splits import Part, read_split_file, split_by_file, split_stratified, whole
 from .verify import hash_file
@@ -254,7 +254,7 @@ def _write_all(
         write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode(), root=dst)
         records[task.index] = record
         hooks.on_shard(dst / record.name, record)
-    remove_tree(state / _BUCKETS, root=dst)
+    remove(state / _BUCKETS, root=dst)
     return len(todo), reused, [records[i] for i in range(plan.num_shards)]
 
 
@@ -272,7 +272,7 @@ def _gather(
     """Read the files of the shards in ``todo`` in inode order into buckets; return each shard's."""
     bucket_dir = state / _BUCKETS
     dst = state.parent.parent
-    remove_tree(bucket_dir, root=dst)  # an interrupted run's: its shards are redone whole
+    remove(bucket_dir, root=dst)  # an interrupted run's: its shards are redone whole
     make_dirs(dst, bucket_dir.relative_to(dst))
     if not todo:
         return {}

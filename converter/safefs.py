@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import DestinationError
+from .errors import DestinationError, UnsafeFileError
 
 __all__ = [
     "clear_dir",
@@ -38,13 +38,14 @@ __all__ = [
     "make_dirs",
     "open_dir",
     "read_bytes",
-    "remove_tree",
-    "unlink",
+    "remove",
     "write_atomic",
 ]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# What an open (O_NOFOLLOW, O_NONBLOCK) or rename says when the name holds something else.
+_IN_THE_WAY = {errno.ELOOP: "a symbolic link", errno.EISDIR: "a directory", errno.ENXIO: "not a regular file"}
 
 
 def _refuse(path: Path, what: str) -> DestinationError:
@@ -52,10 +53,32 @@ def _refuse(path: Path, what: str) -> DestinationError:
         target = f" (to {os.readlink(path)})" if os.path.islink(path) else ""
     except OSError:
         target = ""
-    return DestinationError(
-        f"{path} is {what}{target}; pack never writes or deletes through a link under its destination: "
-        "remove it, or choose another destination"
-    )
+    why = "pack never writes or deletes through a link under its destination" if target else "pack needs it"
+    return DestinationError(f"{path} is {what}{target}; {why}: remove it, or choose another destination")
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Errors on ``path`` (reached by a directory fd, so unnamed) as a refusal, or named in full.
+
+    A link, FIFO or directory in the way is a :class:`DestinationError`; any other error (a full or
+    read-only disk) is re-raised as the same ``OSError`` kind, with ``path`` as its file name.
+    """
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, DestinationError | UnsafeFileError):
+            raise
+        refusals = {
+            errno.ELOOP: "a symbolic link",
+            errno.EISDIR: "a directory",
+            errno.ENXIO: "not a regular file",
+        }
+        if e.errno in refusals:
+            raise _refuse(path, refusals[e.errno]) from None
+        if e.filename is not None and os.path.isabs(e.filename):
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def _link_or_file(parent_fd: int, name: str, path: Path) -> DestinationError:
@@ -123,14 +146,14 @@ def _create_at(dir_fd: int, name: str, mode: int = 0o644) -> int:
     try:
         return os.open(name, _NEW_FILE, mode, dir_fd=dir_fd)
     except FileExistsError:
-        os.unlink(name, dir_fd=dir_fd)  # a crashed run's temporary file, or a planted link: not followed
+        _remove_entry(dir_fd, name)  # a crashed run's temporary file, or a planted link: not followed
         return os.open(name, _NEW_FILE, mode, dir_fd=dir_fd)
 
 
 def create(path: str | os.PathLike[str], *, root: Path | None = None, buffering: int = -1) -> BinaryIO:
     """Open a new file at ``path`` for writing (``O_CREAT | O_EXCL | O_NOFOLLOW``), replacing a stale one."""
     path = Path(path)
-    with _dir_of(path, root) as dir_fd:
+    with _naming(path), _dir_of(path, root) as dir_fd:
         fd = _create_at(dir_fd, path.name)
     return os.fdopen(fd, "wb", buffering=buffering)
 
@@ -150,28 +173,27 @@ def write_atomic(path: Path, data: bytes, *, root: Path | None = None) -> None:
     """
     tmp = f".{path.name}.partial"
     with _dir_of(path, root) as dir_fd:
-        with os.fdopen(_create_at(dir_fd, tmp), "wb") as f:
+        with _naming(path.with_name(tmp)), os.fdopen(_create_at(dir_fd, tmp), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never follows it
+        with _naming(path):
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never follows
         os.fsync(dir_fd)
 
 
 def read_bytes(path: Path, *, root: Path | None = None) -> bytes | None:
     """The content of the regular file ``path`` (``None`` when absent), never read through a link."""
-    with _dir_of(path, root) as dir_fd:
+    with _naming(path), _dir_of(path, root) as dir_fd:
         try:
             fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise _refuse(path, "a symbolic link") from None
-            raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _refuse(path, "a directory" if stat.S_ISDIR(mode) else "not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise _refuse(path, "not a regular file")
         return f.read()
 
 
@@ -183,19 +205,10 @@ def is_regular(path: Path) -> bool:
         return False
 
 
-def unlink(path: Path, *, root: Path) -> None:
-    """Remove the file (or link) ``path`` if there is one; its directories are walked from ``root``."""
+def remove(path: Path, *, root: Path) -> None:
+    """Remove ``path`` (a directory tree, a file, a link or a FIFO) if it exists, never through a link."""
     try:
-        with _dir_of(path, root) as dir_fd:
-            _remove_entry(dir_fd, path.name)
-    except FileNotFoundError:
-        pass  # its directory is missing: nothing to remove
-
-
-def remove_tree(path: Path, *, root: Path) -> None:
-    """Remove ``path`` (a directory tree, a file or a link) if it exists, never through a link."""
-    try:
-        with _dir_of(path, root) as dir_fd:
+        with _naming(path), _dir_of(path, root) as dir_fd:
             _remove_entry(dir_fd, path.name)
     except FileNotFoundError:
         pass
@@ -226,17 +239,10 @@ def clear_dir(path: Path, *, root: Path, keep: frozenset[str] = frozenset()) -> 
 @contextlib.contextmanager
 def locked_fd(path: Path, *, root: Path) -> Iterator[int]:
     """Open (creating it) the lock file ``path`` without following a link; yield its fd."""
-    with _dir_of(path, root) as dir_fd:
-        try:
-            # O_NONBLOCK: a FIFO planted at the name fails (ENXIO) instead of blocking the open.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(path.name, flags, 0o644, dir_fd=dir_fd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise _refuse(path, "a symbolic link") from None
-            if e.errno == errno.ENXIO:
-                raise _refuse(path, "not a regular file") from None
-            raise
+    with _naming(path), _dir_of(path, root) as dir_fd:
+        # O_NONBLOCK: a FIFO planted at the name fails (ENXIO) instead of blocking the open.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path.name, flags, 0o644, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _refuse(path, "not a regular file")

@@ -29,7 +29,7 @@ import io
 import os
 import struct
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
@@ -44,24 +44,15 @@ from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, write_atomic
 from .scan import PathTable, Reject
+from .sourcefiles import read_ahead, read_file, reason_of
 from .tarwriter import TarWriter
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "write_atomic", "write_shard"]
 
-# A gather task reads its files a window at a time; while a window is being bucketed, the kernel is
-# already reading the next one (posix_fadvise WILLNEED), many requests at once that the block layer
-# merges where files lie side by side: I/O overlaps the work with no reading threads, whose fight for
-# the GIL cost more than reading a small file.
-_WINDOW_FILES = 1 << 14
-_WINDOW_BYTES = 64 << 20
 # A bucket record: position in the shard, payload length, errno (0: the payload is the file's bytes;
 # otherwise the file could not be read and the payload is the error message).
 _RECORD = struct.Struct("<IIi")
-# Reasons _read gives up on a file that are not the system's errors: negative errno values, so that
-# they travel through the buckets like the others.
-_GREW, _TOO_LARGE = -2, -3
-_REASONS = {_GREW: Reason.GREW, _TOO_LARGE: Reason.TOO_LARGE}
-_MAX_MEMBER = 8**11 - 1  # ustar's size field: 11 octal digits
+_FLUSH_BYTES = 64 << 20  # a gather appends its buffered records to the buckets past this many bytes
 
 
 @dataclass(frozen=True)
@@ -154,80 +145,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _read(path: str, size: int) -> bytes | OSError:
-    """Read a whole file whose size the scan saw: one read for a file as scanned, bounded in any case.
-
-    A file that grew since the scan is read up to :func:`_bound` bytes and rejected past it (one
-    growing without end, say a log), a file too large to hold in memory or in a tar member is
-    rejected, and a FIFO swapped in for a file reads as empty instead of blocking (``O_NONBLOCK``).
-    """
-    if size > _MAX_MEMBER:
-        return OSError(_TOO_LARGE, f"{size:,} bytes: over a tar member's limit of {_MAX_MEMBER:,}")
-    bound = _bound(size)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            chunks = [os.read(fd, size + 1)]
-            total = len(chunks[0])
-            # Shrunk, grew, or cut short (a read returns at most 2 GiB): read on, up to the bound.
-            while total != size and chunks[-1] and total <= bound:
-                chunks.append(os.read(fd, min(bound + 1 - total, 64 << 20)))
-                total += len(chunks[-1])
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return e
-    except MemoryError:
-        return OSError(_TOO_LARGE, f"{size:,} bytes: too large to read into memory")
-    if total > bound:
-        return OSError(_GREW, f"grew past {bound:,} bytes while being packed ({size:,} at the scan)")
-    return b"".join(chunks) if len(chunks) > 1 else chunks[0]
-
-
-def _bound(size: int) -> int:
-    """The most bytes read from a file the scan saw at ``size``: a margin for one rewritten since."""
-    return min(size + size // 4 + (1 << 20), _MAX_MEMBER)
-
-
-def _windows(sizes: list[int]) -> Iterator[range]:
-    """Consecutive ranges of at most ``_WINDOW_FILES`` files and about ``_WINDOW_BYTES`` bytes."""
-    start = total = 0
-    for i, size in enumerate(sizes):
-        if i > start and (i - start >= _WINDOW_FILES or total + size > _WINDOW_BYTES):
-            yield range(start, i)
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        yield range(start, len(sizes))
-
-
-def _prefetch(paths: list[str], indices: Iterable[int]) -> None:
-    """Ask the kernel to start reading these files into the page cache; returns at once."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    for i in indices:
-        try:
-            fd = os.open(paths[i], os.O_RDONLY)
-        except OSError:
-            continue  # reported when it is read
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
-
-
-def _read_ahead(paths: list[str], sizes: list[int]) -> Iterator[bytes | OSError]:
-    """Yield each file's bytes in order, the kernel reading one window ahead."""
-    windows = list(_windows(sizes))
-    if windows:
-        _prefetch(paths, windows[0])
-    for k, window in enumerate(windows):
-        if k + 1 < len(windows):
-            _prefetch(paths, windows[k + 1])
-        for i in window:
-            yield _read(paths[i], sizes[i])
-
-
 def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     """Read the task's files in order into the buckets of their shards; return the buckets written.
 
@@ -255,7 +172,7 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     buffered = 0
     shards, slots = task.shards.tolist(), task.slots.tolist()
     full_paths = [os.path.join(task.src, p) for p in task.paths]
-    for i, data in enumerate(_read_ahead(full_paths, task.sizes.tolist())):
+    for i, data in enumerate(read_ahead(full_paths, task.sizes.tolist())):
         if isinstance(data, OSError):
             payload, error = (data.strerror or str(data)).encode(), data.errno or -1
         else:
@@ -264,7 +181,7 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
         buffer += _RECORD.pack(slots[i], len(payload), error)
         buffer += payload
         buffered += len(payload)
-        if buffered >= _WINDOW_BYTES:
+        if buffered >= _FLUSH_BYTES:
             flush()
             buffered = 0
         if counter is not None and i % 256 == 255:
@@ -336,7 +253,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         files = _load_buckets(task.buckets, len(rel_paths), task.name)
     else:
         assert task.sizes is not None, "a direct task carries the sizes of its files"
-        files = map(_read, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
+        files = map(read_file, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
     with create(tmp, buffering=1 << 20) as f:  # O_EXCL | O_NOFOLLOW: never written through a link
         tar = TarWriter(f)
         for i, data in enumerate(files):
@@ -388,7 +305,7 @@ def _inspect(
 ) -> Reject | tuple[bytes, Inspection, tuple[str, ...]]:
     """Return the bytes to store, their verdict and why they were converted; or why it is rejected."""
     if isinstance(data, OSError):
-        return Reject(rel, _REASONS.get(data.errno or 0, Reason.UNREADABLE), data.strerror or str(data))
+        return Reject(rel, reason_of(data), data.strerror or str(data))
     verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check, task.max_pixels)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)

@@ -28,7 +28,8 @@ from imgshards.cli.main import cli
 from imgshards.converter import Check, PackConfig, Reason, SourceError, pack, scan_tree
 from imgshards.converter.errors import PackError, printable
 from imgshards.converter.scan import PathTable
-from imgshards.converter.write import GatherTask, ShardTask, _bound, _read, gather, write_shard
+from imgshards.converter.sourcefiles import read_bound, read_file
+from imgshards.converter.write import GatherTask, ShardTask, gather, write_shard
 
 ESC = "\x1b[31mred\x1b[0m"
 
@@ -50,16 +51,16 @@ def tree(root: Path, classes: dict[str, int]) -> Path:
 def test_a_file_that_grew_past_the_bound_is_rejected_not_read_to_its_end(tmp_path):
     path = tmp_path / "grown.jpg"
     path.write_bytes(jpeg() + bytes(3 << 20))  # the scan saw the JPEG alone
-    result = _read(str(path), len(jpeg()))
+    result = read_file(str(path), len(jpeg()))
     assert isinstance(result, OSError) and result.errno is not None and result.errno < 0
     assert (
         result.strerror
-        == f"grew past {_bound(len(jpeg())):,} bytes while being packed ({len(jpeg()):,} at the scan)"
+        == f"grew past {read_bound(len(jpeg())):,} bytes while being packed ({len(jpeg()):,} at the scan)"
     )
     path.write_bytes(jpeg() + b"tail")  # within the margin: read whole
-    assert _read(str(path), len(jpeg())) == jpeg() + b"tail"
+    assert read_file(str(path), len(jpeg())) == jpeg() + b"tail"
     path.write_bytes(jpeg()[:100])  # shrunk: what is there
-    assert _read(str(path), len(jpeg())) == jpeg()[:100]
+    assert read_file(str(path), len(jpeg())) == jpeg()[:100]
 
 
 @pytest.mark.timeout(60)
