@@ -299,6 +299,7 @@ def _gather(
             sizes=scan.sizes[run],
             shards=shard_of[run],
             slots=slot_of[run],
+            dst=str(dst),
         )
         for run in (wanted[lo:hi] for lo, hi in itertools.pairwise(cuts))
     )

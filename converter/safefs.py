@@ -37,6 +37,7 @@ __all__ = [
     "locked_fd",
     "make_dirs",
     "open_dir",
+    "open_file",
     "read_bytes",
     "remove",
     "write_atomic",
@@ -158,6 +159,21 @@ def create(path: str | os.PathLike[str], *, root: Path | None = None, buffering:
     return os.fdopen(fd, "wb", buffering=buffering)
 
 
+def open_file(
+    path: str | os.PathLike[str], *, root: Path | None, append: bool = False, buffering: int = -1
+) -> BinaryIO:
+    """Open the regular file ``path`` to read, or to append to (creating it); never through a link."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT if append else os.O_RDONLY | os.O_NONBLOCK
+    with _naming(path), _dir_of(path, root) as dir_fd:
+        fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _refuse(path, "a directory" if stat.S_ISDIR(mode) else "not a regular file")
+    return os.fdopen(fd, "ab" if append else "rb", buffering=buffering)
+
+
 def write_atomic(path: Path, data: bytes, *, root: Path | None = None) -> None:
     """Write ``data`` to ``path`` through a new temporary file beside it, fsync and rename.
 
@@ -184,16 +200,11 @@ def write_atomic(path: Path, data: bytes, *, root: Path | None = None) -> None:
 
 def read_bytes(path: Path, *, root: Path | None = None) -> bytes | None:
     """The content of the regular file ``path`` (``None`` when absent), never read through a link."""
-    with _naming(path), _dir_of(path, root) as dir_fd:
-        try:
-            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise _refuse(path, "a directory" if stat.S_ISDIR(mode) else "not a regular file")
-    with os.fdopen(fd, "rb") as f:
+    try:
+        f = open_file(path, root=root)
+    except FileNotFoundError:
+        return None
+    with f:
         return f.read()
 
 

@@ -42,7 +42,7 @@ from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
 from .pool import add_progress
 from .resume import combined_digest, file_digest
-from .safefs import create, write_atomic
+from .safefs import create, open_file, remove, write_atomic
 from .scan import PathTable, Reject
 from .sourcefiles import read_ahead, read_file, reason_of
 from .tarwriter import TarWriter
@@ -65,6 +65,7 @@ class GatherTask:
     sizes: np.ndarray
     shards: np.ndarray
     slots: np.ndarray
+    dst: str | None = None  # the destination above ``buckets``: walked from there without links
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,12 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     def flush() -> None:
         for shard, buffer in buffers.items():
             path = written.setdefault(shard, os.path.join(task.buckets, f"{shard:06d}-{os.getpid()}.bin"))
-            # O_NOFOLLOW: a link planted at a bucket's name is refused, not written through.
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            with os.fdopen(fd, "ab") as f:
+            with open_file(path, root=root, append=True) as f:  # a link at its name is refused
                 f.write(buffer)
         buffers.clear()
 
     buffered = 0
+    root = None if task.dst is None else Path(task.dst)
     shards, slots = task.shards.tolist(), task.slots.tolist()
     full_paths = [os.path.join(task.src, p) for p in task.paths]
     for i, data in enumerate(read_ahead(full_paths, task.sizes.tolist())):
@@ -192,12 +192,11 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     return written
 
 
-def _load_buckets(buckets: tuple[str, ...], count: int, shard: str) -> list[bytes | OSError]:
+def _load_buckets(buckets: tuple[str, ...], count: int, shard: str, root: Path) -> list[bytes | OSError]:
     """The bytes (or read error) of each of a shard's ``count`` files, in plan order."""
     files: list[bytes | OSError | None] = [None] * count
     for path in buckets:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb", buffering=1 << 20) as f:
+        with open_file(path, root=root, buffering=1 << 20) as f:
             while header := f.read(_RECORD.size):
                 slot, length, error = _RECORD.unpack(header)
                 payload = f.read(length)
@@ -250,7 +249,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     rel_paths = list(task.paths)
     files: Iterable[bytes | OSError]
     if task.src is None:
-        files = _load_buckets(task.buckets, len(rel_paths), task.name)
+        files = _load_buckets(task.buckets, len(rel_paths), task.name, dst)
     else:
         assert task.sizes is not None, "a direct task carries the sizes of its files"
         files = map(read_file, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
@@ -291,7 +290,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     os.replace(tmp, final)
     _fsync_dir(dst)
     for bucket in task.buckets:
-        os.unlink(bucket)
+        remove(Path(bucket), root=dst)
     if counter is not None:
         add_progress(counter, done % 256)
     content = combined_digest(digests)  # what a resumed run checks the tree against (see .resume)

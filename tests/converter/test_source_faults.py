@@ -70,18 +70,18 @@ def test_a_file_growing_without_end_is_a_counted_reject(tmp_path):
     src = tree(tmp_path / "src", {"a": 1})
     (src / "a" / "endless.jpg").symlink_to("/dev/zero")
     paths = PathTable.from_paths(["a/0.jpg", "a/endless.jpg"])
-    (tmp_path / "buckets").mkdir()
+    out = tmp_path / "out"
+    (out / "buckets").mkdir(parents=True)
     gathered = GatherTask(
         src=str(src),
-        buckets=str(tmp_path / "buckets"),
+        buckets=str(out / "buckets"),
         paths=paths,
         sizes=np.array([len(jpeg()), len(jpeg())]),
         shards=np.zeros(2, dtype=np.int64),
         slots=np.arange(2),
+        dst=str(out),
     )
     buckets = gather(gathered)
-    out = tmp_path / "out"
-    out.mkdir()
     task = ShardTask(
         index=0,
         name="train-000000.tar",
