@@ -54,7 +54,11 @@ def _refuse(path: Path, what: str) -> DestinationError:
         target = f" (to {os.readlink(path)})" if os.path.islink(path) else ""
     except OSError:
         target = ""
-    why = "pack never writes or deletes through a link under its destination" if target else "pack needs it"
+    why = (
+        "pack never writes or deletes through a link under its destination"
+        if target
+        else "pack needs that name"
+    )
     return DestinationError(f"{path} is {what}{target}; {why}: remove it, or choose another destination")
 
 
@@ -68,15 +72,10 @@ def _naming(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        if isinstance(e, DestinationError | UnsafeFileError):
+        if isinstance(e, UnsafeFileError):
             raise
-        refusals = {
-            errno.ELOOP: "a symbolic link",
-            errno.EISDIR: "a directory",
-            errno.ENXIO: "not a regular file",
-        }
-        if e.errno in refusals:
-            raise _refuse(path, refusals[e.errno]) from None
+        if e.errno in _IN_THE_WAY:
+            raise _refuse(path, _IN_THE_WAY[e.errno]) from None
         if e.filename is not None and os.path.isabs(e.filename):
             raise
         raise OSError(e.errno, e.strerror, str(path)) from None
@@ -107,15 +106,15 @@ def open_dir(root: Path, rel: str | os.PathLike[str] = "", *, create: bool = Fal
     try:
         for part in Path(rel).parts:
             at = at / part
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
             try:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=fd)
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise _link_or_file(fd, part, at) from None
-                raise
+                raise OSError(e.errno, e.strerror, str(at)) from None  # named in full
             os.close(fd)
             fd = child
     except BaseException:

@@ -195,3 +195,27 @@ def test_safefs_never_follows_a_link(tmp_path, decoy):
     with pytest.raises(DestinationError, match="up is a symbolic link"):
         open_dir(root, "up/buckets", create=True)
     assert checksums(decoy) == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["fifo", "directory"])
+@pytest.mark.parametrize(
+    "rel",
+    [".imgshards/train/lock", ".imgshards/index.lock", ".imgshards/train/plan.json", ".index.json.partial"],
+)
+def test_a_fifo_or_directory_at_a_state_path_neither_blocks_nor_tracebacks(tiny_tree, tmp_path, rel, what):
+    dst = tmp_path / "dst"
+    pack(tiny_tree, dst, CONFIG)
+    path = dst / rel
+    path.unlink(missing_ok=True)  # each of these exists after a pack but the temporary name
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+        (path / "x").write_bytes(b"planted")
+    refused = run(tiny_tree, dst, AGAIN)
+    if rel.endswith(".partial"):  # a stale temporary name: removed, never followed
+        assert refused is None and not path.exists()
+    else:
+        kind = "not a regular file" if what == "fifo" else "a directory"
+        assert refused == f"{path} is {kind}; pack needs that name: remove it, or choose another destination"
