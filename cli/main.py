@@ -13,6 +13,7 @@ from .demo import demo
 from .exits import EXIT_INTERRUPTED, CantRun
 from .index import index
 from .info import info
+from .options import shown
 from .pack import pack
 from .verify import verify
 
@@ -29,7 +30,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ImgshardsError as e:
-            raise CantRun(str(e)) from e
+            raise CantRun(shown(str(e))) from e  # a name in it may hold escape codes
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)

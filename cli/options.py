@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from imgshards.converter.errors import printable
+
 __all__ = ["ByteSize", "format_bytes", "shown"]
 
 _UNITS = {
@@ -60,8 +62,4 @@ def shown(text: str) -> str:
 
     Class names and reject reasons come from a dataset's index, which is untrusted input.
     """
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text
-    )
+    return printable(text)

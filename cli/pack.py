@@ -47,6 +47,13 @@ __all__ = ["pack", "print_summary", "summary_json"]
     help="header: cheap checks; full: decode every image; none: trust the files.",
 )
 @click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Reject an image whose header declares more pixels than N, before decoding it (a decompression "
+    "bomb) [default: Pillow's Image.MAX_IMAGE_PIXELS, about 89 million].",
+)
+@click.option(
     "--resize",
     type=click.IntRange(min=1),
     default=None,

@@ -6,9 +6,11 @@ Three levels (``--check``):
     Cheap: the format is sniffed from the magic bytes (so a PNG named ``.jpg`` is stored as ``.png``),
     and truncation is caught where the format allows it without decoding: a JPEG must have an end
     marker (EOI) after its first scan, a PNG its ``IEND`` chunk, a WebP or BMP as many bytes as its
-    header declares. TIFF and PPM/PGM are checked for their magic only.
+    header declares. TIFF and PPM/PGM are checked for their magic only. The pixel count the header
+    declares is bounded (``max_pixels``, default Pillow's ``Image.MAX_IMAGE_PIXELS``): a
+    decompression bomb is rejected as ``too_many_pixels`` (see :mod:`.headers`).
 ``full``
-    Decodes every image with Pillow: also catches corrupt entropy-coded data.
+    Also decodes every image with Pillow (after the header's bound): catches corrupt entropy-coded data.
 ``none``
     Trusts the input: every readable file is packed; the extension comes from the magic bytes when
     they are recognised, else from the file name.
@@ -23,6 +25,8 @@ import warnings
 from dataclasses import dataclass
 
 from PIL import Image
+
+from .headers import JpegError, oversized, pixel_excess, walk_jpeg
 
 __all__ = ["Check", "Inspection", "Reason", "inspect_image"]
 
@@ -48,6 +52,9 @@ class Reason(str, enum.Enum):
     NOT_IMAGE = "not_image"
     UNSUPPORTED_FORMAT = "unsupported_format"
     TRUNCATED = "truncated"
+    TOO_MANY_PIXELS = "too_many_pixels"
+    TOO_LARGE = "too_large"
+    GREW = "grew_while_packed"
     UNDECODABLE = "undecodable"
     NOT_IN_SPLIT_FILE = "not_in_split_file"
 
@@ -99,38 +106,18 @@ def _sniff(data: bytes) -> str | None:
 
 def _jpeg_header(data: bytes) -> Inspection:
     """Walk the JPEG marker segments up to the first scan, then look for the end marker."""
-    pos, n = 2, len(data)
-    width = height = 0
-    while True:
-        # A marker is 0xFF (any number of fill bytes) then a code; most carry a 2-byte length.
-        if pos < n and data[pos] != 0xFF:
-            return Inspection(reason=Reason.UNDECODABLE, detail=f"corrupt JPEG header at byte {pos}")
-        while pos < n and data[pos] == 0xFF:
-            pos += 1
-        if pos >= n:
-            return Inspection(reason=Reason.TRUNCATED, detail="ends inside the JPEG header")
-        marker = data[pos]
-        pos += 1
-        if marker == 0xD9:
-            return Inspection(reason=Reason.TRUNCATED, detail="JPEG ends before its first scan")
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            continue
-        if pos + 2 > n:
-            return Inspection(reason=Reason.TRUNCATED, detail="ends inside the JPEG header")
-        (length,) = struct.unpack_from(">H", data, pos)
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and pos + 7 <= n:
-            height, width = struct.unpack_from(">HH", data, pos + 3)
-        if marker == 0xDA:
-            break
-        pos += length
+    try:
+        frame, pos = walk_jpeg(data, to_scan=True)
+    except JpegError as e:
+        return Inspection(reason=Reason.TRUNCATED if e.truncated else Reason.UNDECODABLE, detail=str(e))
     # Entropy-coded data never holds 0xFFD9 (0xFF is always stuffed), so an end marker after the
     # scan starts means the image data is complete; trailing bytes after it are allowed. Searched
     # from the end, where it is in a whole file: a forward search would walk all the image data.
     if data.rfind(b"\xff\xd9", pos) < 0:
         return Inspection(reason=Reason.TRUNCATED, detail="no JPEG end marker (EOI) after the image data")
-    if not width or not height:
+    if frame is None or not frame.width or not frame.height:
         return Inspection(reason=Reason.NOT_IMAGE, detail="JPEG without a frame header (SOF)")
-    return Inspection(ext="jpg", width=width, height=height)
+    return Inspection(ext="jpg", width=frame.width, height=frame.height)
 
 
 def _png_header(data: bytes) -> Inspection:
@@ -158,6 +145,8 @@ def _pillow_header(ext: str, data: bytes) -> Inspection:
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as im:
                 width, height = im.size
+    except Image.DecompressionBombError as e:  # past twice Pillow's own bound, whatever ours is
+        return Inspection(reason=Reason.TOO_MANY_PIXELS, detail=str(e))
     except Exception as e:  # Pillow raises many types for bad headers; each is a verdict here
         return Inspection(reason=Reason.UNDECODABLE, detail=f"{type(e).__name__}: {e}")
     return Inspection(ext=ext, width=width, height=height)
@@ -177,13 +166,15 @@ def _decode_fully(ext: str, data: bytes) -> Inspection:
     return Inspection(ext=ext, width=width, height=height)
 
 
-def inspect_image(data: bytes, suffix: str, check: Check) -> Inspection:
+def inspect_image(data: bytes, suffix: str, check: Check, max_pixels: int | None = None) -> Inspection:
     """Return the verdict on a file's bytes.
 
     Args:
         data: The whole file.
         suffix: The file name's extension, lower case with its dot (``".jpeg"``).
         check: How thoroughly to look (see the module docstring).
+        max_pixels: The bound on ``width * height`` (not applied by ``check`` none); ``None`` for
+            Pillow's ``Image.MAX_IMAGE_PIXELS``.
 
     """
     ext = _sniff(data)
@@ -200,8 +191,12 @@ def inspect_image(data: bytes, suffix: str, check: Check) -> Inspection:
         verdict = _jpeg_header(data)
     elif ext == "png":
         verdict = _png_header(data)
+    elif excess := oversized(data, max_pixels):  # before Pillow reads more of a bomb than its header
+        return Inspection(reason=Reason.TOO_MANY_PIXELS, detail=excess)
     else:
         verdict = _pillow_header(ext, data)
+    if verdict.reason is None and (excess := pixel_excess(verdict.width, verdict.height, max_pixels)):
+        return Inspection(reason=Reason.TOO_MANY_PIXELS, detail=excess)  # before any decode
     if verdict.reason is None and check is Check.FULL:
         return _decode_fully(ext, data)
     return verdict

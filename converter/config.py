@@ -35,6 +35,9 @@ class PackConfig:
         seed: Seed of the global shuffle that mixes classes across shards.
         check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
             (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.
+        max_pixels: Reject an image whose header declares more pixels (``width * height``) than
+            this, before decoding it: a decompression bomb. ``None``: Pillow's
+            ``Image.MAX_IMAGE_PIXELS``. Not applied with ``check="none"``.
         resize: Re-encode images as RGB JPEGs with the shorter side at most this many pixels
             (never upscaled); ``None`` stores the original bytes.
         quality: JPEG quality of re-encoded images.
@@ -57,6 +60,7 @@ class PackConfig:
     shard_size: int = DEFAULT_SHARD_SIZE
     seed: int = 0
     check: Check | str = Check.HEADER
+    max_pixels: int | None = None
     resize: int | None = None
     quality: int = 90
     keep_formats: bool = False
@@ -91,6 +95,8 @@ class PackConfig:
         except ValueError:
             allowed = ", ".join(c.value for c in Check)
             raise ValueError(f"check must be one of {allowed}; got {self.check!r}") from None
+        if self.max_pixels is not None and self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be a positive number of pixels, got {self.max_pixels}")
         if self.resize is not None and self.resize < 1:
             raise ValueError(f"resize must be a positive number of pixels, got {self.resize}")
         if not 1 <= self.quality <= 100:
@@ -101,7 +107,9 @@ class PackConfig:
     def output_args(self, src: Path) -> dict[str, Any]:
         """The arguments that shape the output, as recorded in the index."""
         check = self.check.value if isinstance(self.check, Check) else self.check
+        bound = {} if self.max_pixels is None else {"max_pixels": self.max_pixels}  # packs before it match
         return {
+            **bound,
             "source": str(src),
             "seed": self.seed,
             "shard_size": self.shard_size,

@@ -4,6 +4,8 @@
 and one record per finished shard; ``DST/.imgshards/rejects/<split>.jsonl`` the split's rejects,
 under a hidden folder so that no reader's shard pattern (``train-*``, Hugging Face's
 ``**/train[-._ 0-9]*``) picks it up. A run continues the plan it finds, or refuses to mix two.
+Everything here is written, read and removed through :mod:`.safefs`: never through a link planted
+under the destination.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from typing import Any
 from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from .plan import Plan
+from .safefs import clear_dir, locked_fd, read_bytes, remove, write_atomic
 from .scan import ScanResult
-from .write import ShardRecord, write_atomic
+from .write import ShardRecord
 
 __all__ = [
     "REJECTS_DIR",
@@ -40,11 +42,11 @@ REJECTS_DIR = f"{STATE_DIR}/rejects"
 
 
 @contextlib.contextmanager
-def locked(path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
-    with open(path, "a") as f:
+def locked(dst: Path, path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (below ``dst``); the kernel drops it if the process dies."""
+    with locked_fd(path, root=dst) as fd:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DestinationError(busy) from None
         yield
@@ -70,7 +72,8 @@ def prepare(dst: Path, state: Path, args: dict[str, Any], overwrite: bool, plan:
     """Start a fresh split, continue an interrupted one, or refuse to mix two different ones."""
     wanted = {"args": args, "fingerprint": plan.fingerprint, "shards": plan.num_shards}
     plan_file = state / "plan.json"
-    previous = json.loads(plan_file.read_text()) if plan_file.exists() else None
+    text = read_bytes(plan_file, root=dst)
+    previous = json.loads(text) if text is not None else None
     leftovers = sorted(p.name for p in dst.glob(f"{split}-*.tar"))
     if previous == wanted or (previous is None and not leftovers and not in_index(dst, split)):
         pass
@@ -79,8 +82,8 @@ def prepare(dst: Path, state: Path, args: dict[str, Any], overwrite: bool, plan:
     else:
         raise DestinationError(conflict(dst, split, previous, wanted, leftovers))
     for stale in dst.glob(f".{split}-*.partial"):
-        stale.unlink()
-    write_atomic(plan_file, (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode())
+        remove(stale, root=dst)  # a link is removed, not followed; a directory in the way too
+    write_atomic(plan_file, (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode(), root=dst)
 
 
 def in_index(dst: Path, split: str) -> bool:
@@ -108,12 +111,10 @@ def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftove
 def clear_split(dst: Path, state: Path, split: str) -> None:
     """Remove a split from ``dst``: its shards, rejects, records and its entry in the index."""
     for path in [*dst.glob(f"{split}-*.tar"), dst / rejects_name(split), dst / f"{split}-rejects.jsonl"]:
-        path.unlink(missing_ok=True)  # the last: where rejects were written before 0.1.1
-    for path in state.iterdir():
-        if path.name != "lock":
-            path.unlink() if path.is_file() else shutil.rmtree(path)
+        remove(path, root=dst)  # the last: where rejects were written before 0.1.1
+    clear_dir(state, root=dst, keep=frozenset({"lock"}))
     if (dst / INDEX_NAME).exists():
-        with locked(dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
+        with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
             manifest = read_manifest(dst)
             splits = {k: v for k, v in manifest.splits.items() if k != split}
             write_index(dst, Manifest(manifest.classes, splits))
@@ -129,15 +130,13 @@ def rejects_name(split: str) -> str:
     return f"{REJECTS_DIR}/{split}.jsonl"
 
 
-def recorded(state: Path, name: str) -> ShardRecord | None:
-    """The record of a shard finished by an earlier run, if there is one."""
-    record_file = state / f"{name}.json"
-    if not record_file.exists():
-        return None
-    return ShardRecord.from_json(json.loads(record_file.read_text()))
+def recorded(dst: Path, state: Path, name: str) -> ShardRecord | None:
+    """The record of a shard finished by an earlier run, if there is one (``state`` is below ``dst``)."""
+    text = read_bytes(state / f"{name}.json", root=dst)
+    return None if text is None else ShardRecord.from_json(json.loads(text))
 
 
 def write_index(dst: Path, manifest: Manifest) -> None:
     """Write the index and timm's ``_info.json`` atomically (call it holding the index lock)."""
-    write_atomic(dst / INDEX_NAME, manifest.dumps().encode())
-    write_atomic(dst / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
+    write_atomic(dst / INDEX_NAME, manifest.dumps().encode(), root=dst)
+    write_atomic(dst / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode(), root=dst)

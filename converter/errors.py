@@ -1,7 +1,8 @@
 """Errors raised by the converter, one class per thing a user can get wrong.
 
 Every error carries the offending path or value and says what to do; the CLI prints ``str(error)``
-as a one-line message, never a traceback.
+as a one-line message, never a traceback. Names from a tree or a dataset go into a message through
+:func:`printable`: a terminal escape code in a directory name is shown, not obeyed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,21 @@ __all__ = [
     "SplitFileError",
     "UnreadableSamplesError",
     "UnsafeFileError",
+    "printable",
 ]
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (escape codes) and undecodable bytes escaped.
+
+    An ESC character comes out as the four characters of its escape; printable text, backslashes
+    included, is unchanged, so escaping twice changes nothing more.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text
+    )
 
 
 class ImgshardsError(Exception):

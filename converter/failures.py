@@ -1,6 +1,7 @@
 """What ``pack`` says when it cannot finish for a reason outside the tree: a full disk, a dead worker.
 
-Both leave the destination resumable (shards are renamed whole, records written after them, the
+Also a destination it may not write (read-only file system, permissions) and memory running out.
+All leave the destination resumable (shards are renamed whole, records written after them, the
 index last), so the message says so, in one line, instead of a traceback.
 """
 
@@ -22,7 +23,7 @@ _MB = 10**6
 
 @contextlib.contextmanager
 def explained(dst: Path, splits: Sequence[str], planned: list[int]) -> Iterator[None]:
-    """Turn ENOSPC and a dead worker process into a one-line :class:`PackError`.
+    """Turn ENOSPC, EROFS, EACCES, a dead worker and MemoryError into a one-line :class:`PackError`.
 
     ``planned`` holds the estimated bytes of the shards of each split planned so far (empty before).
     """
@@ -34,10 +35,21 @@ def explained(dst: Path, splits: Sequence[str], planned: list[int]) -> Iterator[
             f"a worker process of `imgshards pack` died (killed, or out of memory) while packing split "
             f"{split} into {dst}; run the same command again: it resumes from the shards already written"
         ) from e
+    except MemoryError as e:
+        raise PackError(
+            f"out of memory while packing split {split} into {dst}; run the same command again with "
+            "fewer --workers: it resumes from the shards already written"
+        ) from e
     except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        raise PackError(_no_space(dst, splits, planned, e)) from e
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise PackError(_no_space(dst, splits, planned, e)) from e
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # the tree's read errors are rejects
+            where = f" ({e.filename})" if e.filename else ""
+            raise PackError(
+                f"cannot write to the destination {dst}{where}: {e.strerror}; make it writable, or "
+                "choose another destination"
+            ) from e
+        raise
 
 
 def _no_space(dst: Path, splits: Sequence[str], planned: list[int], e: OSError) -> str:

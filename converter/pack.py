@@ -17,7 +17,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import time
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -49,10 +48,11 @@ from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
+from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan import Reject, ScanResult, scan_tree
 from .splits import Part, read_split_file, split_by_file, split_stratified, whole
 from .verify import hash_file
-from .write import GatherTask, ShardRecord, ShardTask, gather, write_atomic, write_shard
+from .write import GatherTask, ShardRecord, ShardTask, gather, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "pack"]
 
@@ -92,17 +92,18 @@ def pack(
     listed = read_split_file(config.split_file) if config.split_file is not None else None
     names = _split_names(config, listed)
     try:
-        for name in names:
-            (dst_path / STATE_DIR / name).mkdir(parents=True, exist_ok=True)
+        dst_path.mkdir(parents=True, exist_ok=True)
+        for name in names:  # below dst, never through a link (see .safefs)
+            make_dirs(dst_path, f"{STATE_DIR}/{name}")
     except OSError as e:
         raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
     counter = shared_counter()
     planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
     with contextlib.ExitStack() as locks:
+        locks.enter_context(explained(dst_path, sorted(names), planned))
         for name in sorted(names):
             busy = f"another `imgshards pack` is writing split {name!r} into {dst_path}"
-            locks.enter_context(locked(dst_path / STATE_DIR / name / "lock", busy))
-        locks.enter_context(explained(dst_path, sorted(names), planned))
+            locks.enter_context(locked(dst_path, dst_path / STATE_DIR / name / "lock", busy))
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
         written = reused = 0
@@ -244,15 +245,16 @@ def _write_all(
             image_format=image_format,
             src=str(scan.root) if direct else None,
             sizes=scan.sizes[idx] if direct else None,
+            max_pixels=config.max_pixels,
         )
 
     tasks = (make_task(i) for i in todo)
     bar = Progress(f"pack {split}", sum(len(plan.shard(i)) for i in todo), config.progress)
     for task, record in run_tasks(pool, workers, _write_in_worker, tasks, counter, bar):
-        write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode())
+        write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode(), root=dst)
         records[task.index] = record
         hooks.on_shard(dst / record.name, record)
-    shutil.rmtree(state / _BUCKETS, ignore_errors=True)
+    remove(state / _BUCKETS, root=dst)
     return len(todo), reused, [records[i] for i in range(plan.num_shards)]
 
 
@@ -269,8 +271,9 @@ def _gather(
 ) -> dict[int, list[str]]:
     """Read the files of the shards in ``todo`` in inode order into buckets; return each shard's."""
     bucket_dir = state / _BUCKETS
-    shutil.rmtree(bucket_dir, ignore_errors=True)  # an interrupted run's: its shards are redone whole
-    bucket_dir.mkdir()
+    dst = state.parent.parent
+    remove(bucket_dir, root=dst)  # an interrupted run's: its shards are redone whole
+    make_dirs(dst, bucket_dir.relative_to(dst))
     if not todo:
         return {}
     shard_of = np.full(len(scan), -1, dtype=np.int64)
@@ -296,6 +299,7 @@ def _gather(
             sizes=scan.sizes[run],
             shards=shard_of[run],
             slots=slot_of[run],
+            dst=str(dst),
         )
         for run in (wanted[lo:hi] for lo, hi in itertools.pairwise(cuts))
     )
@@ -315,10 +319,10 @@ def _check_done(
     pending: dict[Future[str], tuple[int, ShardRecord]] = {}
     done: dict[int, ShardRecord] = {}
     for i in range(plan.num_shards):
-        record = recorded(state, shard_name(split, i))
+        record = recorded(dst, state, shard_name(split, i))
         if record is None:
             continue
-        if (dst / record.name).exists():
+        if is_regular(dst / record.name):  # a link planted at a shard's name is not a finished shard
             pending[pool.submit(hash_file, str(dst / record.name))] = (i, record)
         elif hooks.stored(record):
             done[i] = record
@@ -338,7 +342,7 @@ def _finish(
     dst: Path, config: PackConfig, src: Path, scan: ScanResult, done: list[tuple[Part, list[ShardRecord]]]
 ) -> Manifest:
     """Write each split's rejects file, then fold the splits into the index (written last)."""
-    (dst / REJECTS_DIR).mkdir(parents=True, exist_ok=True)
+    make_dirs(dst, REJECTS_DIR)
     infos: dict[str, SplitInfo] = {}
     for part, records in done:
         rejects: list[Reject] = sorted(
@@ -346,7 +350,7 @@ def _finish(
         )
         rejects_file = rejects_name(part.name)
         lines = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rejects)
-        write_atomic(dst / rejects_file, lines.encode())
+        write_atomic(dst / rejects_file, lines.encode(), root=dst)
         counts = [0] * len(scan.classes)
         formats: Counter[str] = Counter()
         converted: Counter[str] = Counter()
@@ -366,7 +370,7 @@ def _finish(
             formats=dict(sorted(formats.items())),
             converted=dict(sorted(converted.items())),
         )
-    with locked(dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
+    with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
         check_classes(dst, tuple(infos), scan)  # another split may have landed meanwhile
         splits = dict(read_manifest(dst).splits) if (dst / INDEX_NAME).exists() else {}
         splits.update(infos)

@@ -50,6 +50,7 @@ from .destination import STATE_DIR
 from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
+from .safefs import make_dirs, remove, write_atomic
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
@@ -256,7 +257,7 @@ class _Uploader:
     def _mirror(self, config: PackConfig, records: list[str]) -> None:
         """Copy the remote index, plan and records into staging, where pack reads its state."""
         state = self.stage / STATE_DIR / self.split
-        state.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.stage, f"{STATE_DIR}/{self.split}")  # in staging too, nothing through a link
         ours = sorted(n for n in self.sizes if n.startswith(f"{self.split}-") and n.endswith(".tar"))
         known = self.remote_plan is not None or (
             self.remote_index is not None and self.split in _splits(self.remote_index)
@@ -267,12 +268,15 @@ class _Uploader:
                 "an interrupted run of this command; pass --overwrite to replace them, or choose another "
                 "destination"
             )
-        _replace(self.stage / INDEX_NAME, self.remote_index)
+        if self.remote_index is None:
+            remove(self.stage / INDEX_NAME, root=self.stage)
+        else:
+            write_atomic(self.stage / INDEX_NAME, self.remote_index, root=self.stage)
         if self.remote_plan is not None:
-            (state / "plan.json").write_bytes(self.remote_plan)
+            write_atomic(state / "plan.json", self.remote_plan, root=self.stage)
         paths = [self.remote.path(f"{self.state}/{n}") for n in records]
         for path, data in (self.remote.fs.cat(paths, on_error="omit") if paths else {}).items():
-            (state / path.rsplit("/", 1)[-1]).write_bytes(data)
+            write_atomic(state / path.rsplit("/", 1)[-1], data, root=self.stage)
 
     def stored(self, record: ShardRecord) -> bool:
         """Whether the shard of ``record`` is uploaded whole (pack skips it)."""
@@ -389,10 +393,3 @@ def _splits(index: bytes) -> set[str]:
         return set(json.loads(index).get("splits") or {})
     except (json.JSONDecodeError, AttributeError):
         return set()
-
-
-def _replace(path: Path, data: bytes | None) -> None:
-    if data is None:
-        path.unlink(missing_ok=True)
-    else:
-        path.write_bytes(data)

@@ -21,6 +21,7 @@ import numpy as np
 
 from .plan import Plan
 from .scan import PathTable, ScanResult
+from .sourcefiles import read_file
 
 __all__ = [
     "ContentTask",
@@ -67,17 +68,14 @@ class ContentTask:
     src: str
     paths: PathTable
     inodes: np.ndarray
+    sizes: np.ndarray
 
 
 def reread_digest(task: ContentTask) -> tuple[int, str]:
     """:func:`content_digest` of the task's files as they are now (read in inode order)."""
     digests = [b""] * len(task.paths)
-    for i in np.argsort(task.inodes, kind="stable").tolist():
-        try:
-            with open(os.path.join(task.src, task.paths[i]), "rb") as f:
-                digests[i] = file_digest(f.read())
-        except OSError as e:
-            digests[i] = file_digest(e)
+    for i in np.argsort(task.inodes, kind="stable").tolist():  # read as the writer reads, bounded
+        digests[i] = file_digest(read_file(os.path.join(task.src, task.paths[i]), int(task.sizes[i])))
     return task.index, combined_digest(digests)
 
 
@@ -86,7 +84,13 @@ def changed_shards(
 ) -> list[int]:
     """The finished shards (``records``) whose files no longer hold the bytes they were packed from."""
     tasks = [
-        ContentTask(i, str(scan.root), scan.paths.take(plan.shard(i)), scan.inodes[plan.shard(i)])
+        ContentTask(
+            i,
+            str(scan.root),
+            scan.paths.take(plan.shard(i)),
+            scan.inodes[plan.shard(i)],
+            scan.sizes[plan.shard(i)],
+        )
         for i, record in sorted(records.items())
         if record.content
     ]

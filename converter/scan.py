@@ -29,7 +29,7 @@ from typing import overload
 import numpy as np
 
 from .check import Reason
-from .errors import SourceError
+from .errors import SourceError, printable
 
 __all__ = ["IMG_EXTENSIONS", "PathTable", "Reject", "ScanResult", "scan_tree"]
 
@@ -144,8 +144,14 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
     rejects: list[Reject] = []
     # Each stack entry: a directory's path relative to root, and the (device, inode) of it and of
     # every directory above it up to the root; a symlink that resolves to one of those would loop.
-    top = frozenset({_dir_key(root), _dir_key(os.path.join(root, class_name))})
-    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(class_name, top)]
+    try:
+        top = frozenset({_dir_key(root), _dir_key(os.path.join(root, class_name))})
+    except OSError as e:
+        top, rejects = (
+            frozenset(),
+            [Reject(class_name, Reason.UNREADABLE, f"cannot list directory: {e.strerror}")],
+        )
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(class_name, top)] if top else []
     while stack:
         rel, ancestors = stack.pop()
         files: list[tuple[str, int, int]] = []
@@ -249,6 +255,7 @@ def scan_tree(
     sizes: list[np.ndarray] = []
     inodes: list[np.ndarray] = []
     empty: list[str] = []
+    unlisted: list[str] = []  # class directories that cannot be listed (permissions): their own error
     with contextlib.ExitStack() as stack:
         if executor is None:
             executor = stack.enter_context(ThreadPoolExecutor(max_workers=2))
@@ -256,7 +263,12 @@ def scan_tree(
         for label, listing in enumerate(listings):
             rejects.extend(listing.rejects)
             if not len(listing.lengths):
-                empty.append(classes[label])
+                name = printable(classes[label])
+                cause = [r.detail.rpartition(": ")[2] for r in listing.rejects if r.path == classes[label]]
+                if cause:
+                    unlisted.append(f"{name} ({cause[0]})")
+                else:
+                    empty.append(name)
                 continue
             blobs.append(listing.blob)
             lengths.append(listing.lengths)
@@ -265,6 +277,12 @@ def scan_tree(
             labels.append(np.full(len(listing.lengths), label, dtype=np.int32))
             if on_class is not None:
                 on_class(classes[label], len(listing.lengths))
+    if unlisted:
+        raise SourceError(
+            f"cannot list class director{'ies' if len(unlisted) > 1 else 'y'} in {root}: "
+            f"{', '.join(unlisted[:5])}{f' and {len(unlisted) - 5} more' if len(unlisted) > 5 else ''}; "
+            "make them readable (chmod) or remove them"
+        )
     if empty:
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise SourceError(

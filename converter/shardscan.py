@@ -34,11 +34,11 @@ from .manifest import (
 )
 from .pool import default_workers, start_pool
 from .remote import write_index_url
+from .safefs import write_atomic
 from .tarsamples import checked_samples, shown
 from .tarstream import TarStream, stream_end
 from .validate import check_name, open_regular
 from .verify import HashingReader
-from .write import write_atomic
 
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]
 

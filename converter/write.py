@@ -29,7 +29,7 @@ import io
 import os
 import struct
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
@@ -42,20 +42,17 @@ from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
 from .pool import add_progress
 from .resume import combined_digest, file_digest
+from .safefs import create, open_file, remove, write_atomic
 from .scan import PathTable, Reject
+from .sourcefiles import read_ahead, read_file, reason_of
 from .tarwriter import TarWriter
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "write_atomic", "write_shard"]
 
-# A gather task reads its files a window at a time; while a window is being bucketed, the kernel is
-# already reading the next one (posix_fadvise WILLNEED), many requests at once that the block layer
-# merges where files lie side by side: I/O overlaps the work with no reading threads, whose fight for
-# the GIL cost more than reading a small file.
-_WINDOW_FILES = 1 << 14
-_WINDOW_BYTES = 64 << 20
 # A bucket record: position in the shard, payload length, errno (0: the payload is the file's bytes;
 # otherwise the file could not be read and the payload is the error message).
 _RECORD = struct.Struct("<IIi")
+_FLUSH_BYTES = 64 << 20  # a gather appends its buffered records to the buckets past this many bytes
 
 
 @dataclass(frozen=True)
@@ -68,6 +65,7 @@ class GatherTask:
     sizes: np.ndarray
     shards: np.ndarray
     slots: np.ndarray
+    dst: str | None = None  # the destination above ``buckets``: walked from there without links
 
 
 @dataclass(frozen=True)
@@ -93,6 +91,7 @@ class ShardTask:
     image_format: str | None = None
     src: str | None = None
     sizes: np.ndarray | None = None
+    max_pixels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,77 +138,12 @@ class ShardRecord:
         )
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _read(path: str, size: int) -> bytes | OSError:
-    """Read a whole file whose size the scan saw; three system calls for a small file."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            chunks = [os.read(fd, size + 1)]
-            while len(chunks[-1]) and sum(map(len, chunks)) > size:  # it grew since the scan
-                chunks.append(os.read(fd, 1 << 20))
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return e
-    return b"".join(chunks) if len(chunks) > 1 else chunks[0]
-
-
-def _windows(sizes: list[int]) -> Iterator[range]:
-    """Consecutive ranges of at most ``_WINDOW_FILES`` files and about ``_WINDOW_BYTES`` bytes."""
-    start = total = 0
-    for i, size in enumerate(sizes):
-        if i > start and (i - start >= _WINDOW_FILES or total + size > _WINDOW_BYTES):
-            yield range(start, i)
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        yield range(start, len(sizes))
-
-
-def _prefetch(paths: list[str], indices: Iterable[int]) -> None:
-    """Ask the kernel to start reading these files into the page cache; returns at once."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    for i in indices:
-        try:
-            fd = os.open(paths[i], os.O_RDONLY)
-        except OSError:
-            continue  # reported when it is read
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
-
-
-def _read_ahead(paths: list[str], sizes: list[int]) -> Iterator[bytes | OSError]:
-    """Yield each file's bytes in order, the kernel reading one window ahead."""
-    windows = list(_windows(sizes))
-    if windows:
-        _prefetch(paths, windows[0])
-    for k, window in enumerate(windows):
-        if k + 1 < len(windows):
-            _prefetch(paths, windows[k + 1])
-        for i in window:
-            yield _read(paths[i], sizes[i])
 
 
 def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
@@ -230,14 +164,15 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     def flush() -> None:
         for shard, buffer in buffers.items():
             path = written.setdefault(shard, os.path.join(task.buckets, f"{shard:06d}-{os.getpid()}.bin"))
-            with open(path, "ab") as f:
+            with open_file(path, root=root, append=True) as f:  # a link at its name is refused
                 f.write(buffer)
         buffers.clear()
 
     buffered = 0
+    root = None if task.dst is None else Path(task.dst)
     shards, slots = task.shards.tolist(), task.slots.tolist()
     full_paths = [os.path.join(task.src, p) for p in task.paths]
-    for i, data in enumerate(_read_ahead(full_paths, task.sizes.tolist())):
+    for i, data in enumerate(read_ahead(full_paths, task.sizes.tolist())):
         if isinstance(data, OSError):
             payload, error = (data.strerror or str(data)).encode(), data.errno or -1
         else:
@@ -246,7 +181,7 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
         buffer += _RECORD.pack(slots[i], len(payload), error)
         buffer += payload
         buffered += len(payload)
-        if buffered >= _WINDOW_BYTES:
+        if buffered >= _FLUSH_BYTES:
             flush()
             buffered = 0
         if counter is not None and i % 256 == 255:
@@ -257,11 +192,11 @@ def gather(task: GatherTask, counter: Any = None) -> dict[int, str]:
     return written
 
 
-def _load_buckets(buckets: tuple[str, ...], count: int, shard: str) -> list[bytes | OSError]:
+def _load_buckets(buckets: tuple[str, ...], count: int, shard: str, root: Path) -> list[bytes | OSError]:
     """The bytes (or read error) of each of a shard's ``count`` files, in plan order."""
     files: list[bytes | OSError | None] = [None] * count
     for path in buckets:
-        with open(path, "rb", buffering=1 << 20) as f:
+        with open_file(path, root=root, buffering=1 << 20) as f:
             while header := f.read(_RECORD.size):
                 slot, length, error = _RECORD.unpack(header)
                 payload = f.read(length)
@@ -314,11 +249,11 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     rel_paths = list(task.paths)
     files: Iterable[bytes | OSError]
     if task.src is None:
-        files = _load_buckets(task.buckets, len(rel_paths), task.name)
+        files = _load_buckets(task.buckets, len(rel_paths), task.name, dst)
     else:
         assert task.sizes is not None, "a direct task carries the sizes of its files"
-        files = map(_read, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
-    with open(tmp, "wb", buffering=1 << 20) as f:
+        files = map(read_file, (os.path.join(task.src, p) for p in rel_paths), task.sizes.tolist())
+    with create(tmp, buffering=1 << 20) as f:  # O_EXCL | O_NOFOLLOW: never written through a link
         tar = TarWriter(f)
         for i, data in enumerate(files):
             digests.append(file_digest(data))
@@ -355,7 +290,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     os.replace(tmp, final)
     _fsync_dir(dst)
     for bucket in task.buckets:
-        os.unlink(bucket)
+        remove(Path(bucket), root=dst)
     if counter is not None:
         add_progress(counter, done % 256)
     content = combined_digest(digests)  # what a resumed run checks the tree against (see .resume)
@@ -369,8 +304,8 @@ def _inspect(
 ) -> Reject | tuple[bytes, Inspection, tuple[str, ...]]:
     """Return the bytes to store, their verdict and why they were converted; or why it is rejected."""
     if isinstance(data, OSError):
-        return Reject(rel, Reason.UNREADABLE, data.strerror or str(data))
-    verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check)
+        return Reject(rel, reason_of(data), data.strerror or str(data))
+    verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check, task.max_pixels)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)
     try:

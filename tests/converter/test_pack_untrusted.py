@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -50,21 +51,39 @@ def test_a_file_rewritten_in_place_is_found_and_its_shard_packed_again(tree_fact
     assert pack(src, out, CONFIG).shards_written == 0, "and a rerun of an unchanged tree redoes nothing"
 
 
-def test_a_full_disk_is_one_line_that_says_how_much_room_and_that_a_rerun_resumes(tiny_tree, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    # The index is written last, through this temporary name: /dev/full answers every write ENOSPC.
-    (out / ".index.json.partial").symlink_to("/dev/full")
+def fill(disk: Path) -> None:
+    """Write a file on ``disk`` until the device is full."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+def test_a_full_disk_is_one_line_that_says_how_much_room_and_that_a_rerun_resumes(tiny_tree, tmp_path, tmpfs):
+    fresh = pack(tiny_tree, tmp_path / "fresh", CONFIG)
+    shards = len(fresh.info.shards)
+    out = tmpfs(2 * fresh.info.bytes + (1 << 20))
+    written: list[Path] = []
+
+    def fill_after_the_last_shard(path: Path, record: object) -> None:
+        written.append(path)
+        if len(written) == shards:  # the index, written last, then finds the device full
+            fill(out)
+
     with pytest.raises(PackError) as caught:
-        pack(tiny_tree, out, CONFIG)
+        pack(tiny_tree, out, CONFIG, hooks=PackHooks(on_shard=fill_after_the_last_shard))
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"no space left on the device of {out}")
     assert "needs about " in message and " MB free now" in message
     assert "run the same command again: it resumes" in message
     assert not (out / "index.json").exists()
-    (out / ".index.json.partial").unlink()
+    (out / "filler").unlink()
     again = pack(tiny_tree, out, CONFIG)
     assert again.shards_written == 0 and again.shards_reused == len(again.info.shards)
+    assert outputs(out) == outputs(tmp_path / "fresh")
 
 
 def _pool_workers() -> list[int]:

@@ -1,0 +1,224 @@
+"""An image's size read from its header, without decoding it; and the bound on its pixel count.
+
+A decompression bomb is a small file whose header declares a huge image: a 634-byte JPEG declaring
+16000x16000 decodes to 768 MB, one declaring 65500x65500 asks for 12.9 GB. The size is in the first
+few hundred bytes, so it is read and bounded before any decoder allocates for it: ``pack --check
+header`` rejects such a file, and the loader skips it (it imports :func:`oversized` from here).
+
+One JPEG marker walker serves both: :func:`jpeg_header` stops at the frame header (the size, even
+when the rest of the file is cut), and ``walk_jpeg(..., to_scan=True)`` goes on to the first scan
+for ``pack``'s truncation check (:mod:`.check`).
+
+The bound defaults to Pillow's ``Image.MAX_IMAGE_PIXELS`` (about 89.5 million pixels, read when the
+check runs), the limit Pillow itself warns at; ``Image.MAX_IMAGE_PIXELS = None`` removes it, as it
+does in Pillow.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from PIL import Image
+
+__all__ = [
+    "JpegError",
+    "JpegHeader",
+    "image_size",
+    "jpeg_header",
+    "oversized",
+    "pixel_excess",
+    "pixel_limit",
+    "walk_jpeg",
+]
+
+
+class JpegHeader(NamedTuple):
+    """What a JPEG's frame header says: size, colour components, and whether it is progressive."""
+
+    height: int
+    width: int
+    components: int
+    progressive: bool
+
+
+class JpegError(ValueError):
+    """The JPEG's marker segments cannot be walked; ``truncated`` when the data ends too early."""
+
+    def __init__(self, detail: str, *, truncated: bool) -> None:
+        super().__init__(detail)
+        self.truncated = truncated
+
+
+# Start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC, which share the range).
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_STANDALONE = frozenset([0x01, *range(0xD0, 0xD9)])  # TEM, RST0-7, SOI: no length field
+
+
+def walk_jpeg(data: bytes | bytearray | memoryview, *, to_scan: bool) -> tuple[JpegHeader | None, int]:
+    """Walk a JPEG's marker segments from after SOI; return its frame header and where the walk stopped.
+
+    Stops at the first frame header (``to_scan=False``; the offset is that segment's), or goes on to
+    the first start of scan (``to_scan=True``; the offset is where the scan's data begins). The
+    frame is ``None`` when a scan comes before any frame header.
+
+    Raises:
+        JpegError: the segments are corrupt, or the data ends before the walk does.
+
+    """
+    pos, n = 2, len(data)
+    frame: JpegHeader | None = None
+    while True:
+        # A marker is 0xFF (any number of fill bytes) then a code; most carry a 2-byte length.
+        if pos < n and data[pos] != 0xFF:
+            raise JpegError(f"corrupt JPEG header at byte {pos}", truncated=False)
+        while pos < n and data[pos] == 0xFF:
+            pos += 1
+        if pos >= n:
+            raise JpegError("ends inside the JPEG header", truncated=True)
+        marker = data[pos]
+        pos += 1
+        if marker == 0xD9:
+            raise JpegError("JPEG ends before its first scan", truncated=True)
+        if marker in _STANDALONE:
+            continue
+        if pos + 2 > n:
+            raise JpegError("ends inside the JPEG header", truncated=True)
+        length = data[pos] << 8 | data[pos + 1]
+        if length < 2:
+            raise JpegError(f"corrupt JPEG segment length at byte {pos}", truncated=False)
+        if marker in _SOF and frame is None:
+            if pos + 8 > n:  # length (2), precision, height (2), width (2), components
+                raise JpegError("ends inside the JPEG frame header", truncated=True)
+            height = data[pos + 3] << 8 | data[pos + 4]
+            width = data[pos + 5] << 8 | data[pos + 6]
+            frame = JpegHeader(height, width, data[pos + 7], marker in _PROGRESSIVE)
+            if not to_scan:
+                return frame, pos
+        if marker == 0xDA:
+            return frame, pos + length
+        pos += length
+
+
+def jpeg_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
+    """Read the frame header of a JPEG without decoding it; ``None`` if there is none to read.
+
+    Walks the marker segments up to the first start-of-frame, so it costs a few hundred bytes of
+    reading, not a decode. The size is returned even when the data is cut after the frame header.
+    """
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    try:
+        frame, _ = walk_jpeg(data, to_scan=False)
+    except JpegError:
+        return None
+    return frame
+
+
+def _u16le(data: bytes | bytearray | memoryview, at: int) -> int:
+    return data[at] | data[at + 1] << 8
+
+
+def _u32(data: bytes | bytearray | memoryview, at: int, order: Literal["little", "big"]) -> int:
+    return int.from_bytes(bytes(data[at : at + 4]), order)
+
+
+def _webp_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    chunk = bytes(data[12:16])
+    if chunk == b"VP8 " and len(data) >= 30 and bytes(data[23:26]) == b"\x9d\x01\x2a":
+        return _u16le(data, 26) & 0x3FFF, _u16le(data, 28) & 0x3FFF
+    if chunk == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+        bits = _u32(data, 21, "little")
+        return (bits & 0x3FFF) + 1, (bits >> 14 & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(data) >= 30:
+        return (
+            int.from_bytes(bytes(data[24:27]), "little") + 1,
+            int.from_bytes(bytes(data[27:30]), "little") + 1,
+        )
+    return None
+
+
+def _bmp_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    if len(data) < 26:
+        return None
+    if _u32(data, 14, "little") == 12:  # OS/2 BITMAPCOREHEADER: 16-bit sizes
+        return _u16le(data, 18), _u16le(data, 20)
+    width = int.from_bytes(bytes(data[18:22]), "little", signed=True)
+    height = int.from_bytes(bytes(data[22:26]), "little", signed=True)
+    return abs(width), abs(height)  # a negative height is a top-down bitmap
+
+
+def _pnm_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """Width and height of a PBM/PGM/PPM: the first two numbers after the magic, past comments."""
+    numbers: list[int] = []
+    pos, n = 2, min(len(data), 1024)
+    while len(numbers) < 2 and pos < n:
+        c = data[pos]
+        if c == 0x23:  # '#': a comment to the end of the line
+            while pos < n and data[pos] not in (0x0A, 0x0D):
+                pos += 1
+        elif 0x30 <= c <= 0x39:
+            start = pos
+            while pos < n and 0x30 <= data[pos] <= 0x39:
+                pos += 1
+            numbers.append(int(bytes(data[start:pos])))
+            continue
+        elif c not in b" \t\r\n\v\f":
+            return None
+        pos += 1
+    return (numbers[0], numbers[1]) if len(numbers) == 2 else None
+
+
+def image_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """``(width, height)`` as an image's header declares it, without decoding; ``None`` if unknown.
+
+    Reads JPEG, PNG, WebP, BMP, GIF and PBM/PGM/PPM headers (TIFF and other formats: ``None``; Pillow's
+    own bound then applies when it opens them).
+    """
+    head = bytes(data[:4])
+    if head[:3] == b"\xff\xd8\xff":
+        frame = jpeg_header(data)
+        return None if frame is None else (frame.width, frame.height)
+    if head == b"\x89PNG" and len(data) >= 24 and bytes(data[12:16]) == b"IHDR":
+        return _u32(data, 16, "big"), _u32(data, 20, "big")
+    if head == b"RIFF" and bytes(data[8:12]) == b"WEBP":
+        return _webp_size(data)
+    if head[:2] == b"BM":
+        return _bmp_size(data)
+    if head[:3] == b"GIF" and len(data) >= 10:
+        return _u16le(data, 6), _u16le(data, 8)
+    if head[:1] == b"P" and head[1:2] in (b"1", b"2", b"3", b"4", b"5", b"6"):
+        return _pnm_size(data)
+    return None
+
+
+def pixel_limit(max_pixels: int | None = None) -> int | None:
+    """The bound in force: ``max_pixels``, else Pillow's ``Image.MAX_IMAGE_PIXELS`` (``None``: none)."""
+    return max_pixels if max_pixels is not None else Image.MAX_IMAGE_PIXELS
+
+
+def pixel_excess(width: int, height: int, max_pixels: int | None = None) -> str | None:
+    """Why ``width x height`` is too many pixels (one line); ``None`` within :func:`pixel_limit`'s bound."""
+    limit = pixel_limit(max_pixels)
+    if limit is None or width * height <= limit:
+        return None
+    return f"declares {width}x{height} = {width * height:,} pixels, more than the limit of {limit:,}"
+
+
+def oversized(data: bytes | bytearray | memoryview, max_pixels: int | None = None) -> str | None:
+    """Why an image is too large to decode, from its header; ``None`` when it is within the bound.
+
+    Args:
+        data: The image's bytes (its first few hundred are enough for every format but a JPEG with
+            large metadata segments before its frame header).
+        max_pixels: The bound on ``width * height``; ``None`` for :func:`pixel_limit`'s default.
+
+    Returns:
+        One line for a reject or skip reason, e.g. ``"declares 16000x16000 = 256,000,000 pixels,
+        more than the limit of 89,478,485"``; ``None`` when the size is within the bound or unknown.
+
+    """
+    if pixel_limit(max_pixels) is None:
+        return None
+    size = image_size(data)
+    return None if size is None else pixel_excess(*size, max_pixels)

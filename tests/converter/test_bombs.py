@@ -1,0 +1,158 @@
+"""Decompression bombs at pack time (issue 21, case 2): ``--check header`` bounds the declared pixels.
+
+Every hostile file is built here: a small real image whose header is rewritten to declare a huge
+size (checksums fixed where the format has them), so only the size gives it away.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from imgshards.cli.main import cli
+from imgshards.converter import PackConfig, Reason, pack
+from imgshards.converter.check import Check, inspect_image
+from imgshards.converter.headers import image_size, jpeg_header, oversized, pixel_limit
+
+
+def small(fmt: str, size: tuple[int, int] = (8, 8), **params: object) -> bytes:
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+    out = io.BytesIO()
+    (rgb.convert("L") if fmt == "PPM-L" else rgb).save(out, format=fmt.split("-")[0], **params)
+    return out.getvalue()
+
+
+def jpeg_declaring(width: int, height: int) -> bytes:
+    data = bytearray(small("JPEG"))
+    sof = data.index(b"\xff\xc0")
+    struct.pack_into(">HH", data, sof + 5, height, width)
+    return bytes(data)
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    data = bytearray(small("PNG"))
+    struct.pack_into(">II", data, 16, width, height)
+    struct.pack_into(">I", data, 29, zlib.crc32(bytes(data[12:29])))  # a valid IHDR checksum
+    return bytes(data)
+
+
+def webp_declaring(width: int, height: int) -> bytes:
+    data = bytearray(small("WEBP", lossless=True))
+    assert data[12:16] == b"VP8L"
+    bits = int.from_bytes(data[21:25], "little") & ~((1 << 28) - 1)
+    struct.pack_into("<I", data, 21, bits | (width - 1) | (height - 1) << 14)
+    return bytes(data)
+
+
+def bmp_declaring(width: int, height: int) -> bytes:
+    data = bytearray(small("BMP"))
+    struct.pack_into("<ii", data, 18, width, -height)  # top-down: a negative height
+    return bytes(data)
+
+
+BOMBS = {
+    "jpeg-16000": (jpeg_declaring(16000, 16000), ".jpg", (16000, 16000)),
+    "jpeg-65500": (jpeg_declaring(65500, 65500), ".jpg", (65500, 65500)),
+    "png-65500": (png_declaring(65500, 65500), ".png", (65500, 65500)),
+    "png-as-jpg": (png_declaring(20000, 20000), ".jpg", (20000, 20000)),
+    "webp-16384": (webp_declaring(16384, 16384), ".webp", (16384, 16384)),
+    "bmp-100000": (bmp_declaring(100000, 100000), ".bmp", (100000, 100000)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_header_check_rejects_a_bomb_before_decoding_it(name):
+    data, suffix, size = BOMBS[name]
+    assert len(data) < 2000 and image_size(data) == size
+    for check in (Check.HEADER, Check.FULL):
+        verdict = inspect_image(data, suffix, check)
+        assert verdict.reason is Reason.TOO_MANY_PIXELS, verdict
+        w, h = size
+        assert verdict.detail == (
+            f"declares {w}x{h} = {w * h:,} pixels, more than the limit of {Image.MAX_IMAGE_PIXELS:,}"
+        )
+    assert inspect_image(data, suffix, Check.NONE).reason is None, "check none trusts the input"
+
+
+def test_the_bound_is_configurable_and_defaults_to_pillows(monkeypatch):
+    data = jpeg_declaring(16000, 16000)  # 256 million pixels
+    assert pixel_limit() == Image.MAX_IMAGE_PIXELS
+    assert inspect_image(data, ".jpg", Check.HEADER, max_pixels=300_000_000).reason is None
+    assert inspect_image(small("JPEG"), ".jpg", Check.HEADER, max_pixels=63).reason is Reason.TOO_MANY_PIXELS
+    assert inspect_image(small("JPEG"), ".jpg", Check.HEADER, max_pixels=64).reason is None
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # Pillow's own switch turns the default off
+    assert oversized(data) is None and inspect_image(data, ".jpg", Check.HEADER).reason is None
+
+
+FORMATS = [
+    ("JPEG", {}),
+    ("JPEG", {"progressive": True}),
+    ("PNG", {}),
+    ("WEBP", {}),
+    ("WEBP", {"lossless": True}),
+]
+FORMATS += [("BMP", {}), ("GIF", {}), ("PPM", {}), ("PPM-L", {})]
+
+
+@pytest.mark.parametrize(("fmt", "params"), FORMATS)
+def test_image_size_reads_what_pillow_reads(fmt, params):
+    data = small(fmt, (37, 23), **params)
+    with Image.open(io.BytesIO(data)) as im:
+        assert image_size(data) == im.size == (37, 23)
+
+
+def test_jpeg_header_reads_the_size_of_a_file_cut_after_its_frame_header():
+    data = jpeg_declaring(65500, 65500)
+    cut = data[: data.index(b"\xff\xc0") + 12]
+    assert jpeg_header(cut) == (65500, 65500, 3, False) and oversized(cut)
+    assert inspect_image(cut, ".jpg", Check.HEADER).reason is Reason.TRUNCATED
+    for bad in (b"", b"\xff\xd8", b"\xff\xd8\xff\xc0\x00", bytes(100)):
+        assert jpeg_header(bad) is None and image_size(bad) is None
+
+
+def _tree_with_bombs(root: Path) -> Path:
+    for name, (data, suffix, _) in BOMBS.items():
+        (root / "bombs").mkdir(parents=True, exist_ok=True)
+        (root / "bombs" / f"{name}{suffix}").write_bytes(data)
+    (root / "fine").mkdir()
+    for i in range(3):
+        (root / "fine" / f"{i}.jpg").write_bytes(small("JPEG"))
+        (root / "bombs" / f"ok{i}.jpg").write_bytes(small("JPEG"))
+    return root
+
+
+def test_pack_rejects_every_bomb_with_a_reason_and_packs_the_rest(tmp_path):
+    src = _tree_with_bombs(tmp_path / "src")
+    result = pack(src, tmp_path / "out", PackConfig(workers=1))
+    assert result.info.samples == 6
+    assert result.info.rejects_by_reason == {"too_many_pixels": len(BOMBS)}
+    lines = (tmp_path / "out" / result.info.rejects_file).read_text().splitlines()
+    rejects = {json.loads(line)["path"]: json.loads(line) for line in lines}
+    assert sorted(rejects) == sorted(f"bombs/{n}{s}" for n, (_, s, _) in BOMBS.items())
+    assert all(
+        r["reason"] == "too_many_pixels" and "more than the limit" in r["detail"] for r in rejects.values()
+    )
+
+
+def test_pack_cli_takes_max_pixels(tmp_path):
+    src = _tree_with_bombs(tmp_path / "src")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["pack", str(src), str(out), "--max-pixels", "300000000", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)["splits"]["train"]
+    # 16000x16000 passes; the 16384x16384 WebP too, but Pillow (which opens it) refuses past twice its own
+    # bound, as the loader's Pillow decode would: still rejected, with Pillow's reason.
+    assert summary["rejects"]["by_reason"]["too_many_pixels"] == len(BOMBS) - 1
+    assert summary["samples"] == 7, summary
+    index = json.loads((out / "index.json").read_text())
+    assert index["splits"]["train"]["pack"]["max_pixels"] == 300_000_000
+    res = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "x"), "--max-pixels", "0"])
+    assert res.exit_code == 2 and "--max-pixels" in res.output
