@@ -123,8 +123,9 @@ def test_fallbacks_and_a_corrupt_image_as_in_the_workers(packed_odd, transform):
     assert len(got) == 5 and sum(len(b.labels) for b in got) == 19
     assert ds.corrupt_skipped == 1
     assert any("skipped 1 image(s) that do not decode" in str(w.message) for w in caught)
-    # The PNG, the CMYK JPEG and the cut one went to the CPU decoder; the rest in batched calls.
-    assert loader.decoder is not None and loader.decoder.stats.cpu_fallback == 3
+    # The PNG, the CMYK, progressive and cut JPEGs went to the CPU decoder; the rest in batched calls.
+    assert loader.decoder is not None and loader.decoder.stats.cpu_fallback == 4
+    assert loader.decoder.stats.fallbacks == {"not a JPEG": 1, "CMYK": 1, "progressive": 1, "truncated": 1}
 
 
 def test_a_corrupt_image_raises_when_asked(packed_odd):
