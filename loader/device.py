@@ -57,7 +57,7 @@ from .pipeline import augment_seed, seeded
 from .presets import PRESETS, Transform, View
 from .probe import Probe, chunks, probe
 from .producer import Producer
-from .streams import HostOrdering, Ordering, ordering_for, resolve
+from .streams import Ordering, ordering_for, resolve
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
@@ -93,6 +93,7 @@ class DeviceDecoder:
         self.stats = DecoderStats()
         self._timings: deque[Marks] = deque()
         self._lock = threading.Lock()  # stats and timings: written by the producer, read by callers
+        self._warned = False
         self.batched_augment = config.augment == "batched" or (
             config.augment is None and self.config.cuda and isinstance(transform, BATCHED_PRESETS)
         )
@@ -141,15 +142,14 @@ class DeviceDecoder:
 
         def produce() -> Iterator[tuple[Batch, Any]]:
             queued: deque[Any] = deque()  # the done marks of batches whose work may still run
-            with _one_thread(not self.config.cuda):
-                for k, raw in enumerate(raws):
-                    if len(queued) > self.config.ahead:
-                        ordering.wait(queued.popleft())  # rule 4: bounded work in flight
-                    with ordering.working():
-                        batch = self.decode(raw, ordering=ordering, device=device)
-                        done = ordering.finish(k)
-                    queued.append(done)
-                    yield batch, done
+            for k, raw in enumerate(raws):
+                if len(queued) > self.config.ahead:
+                    ordering.wait(queued.popleft())  # rule 4: bounded work in flight
+                with ordering.working():
+                    batch = self._decode(raw, ordering, device)
+                    done = ordering.finish(k)
+                queued.append(done)
+                yield batch, done
 
         if not self.threaded:
             for batch, done in produce():
@@ -175,12 +175,18 @@ class DeviceDecoder:
 
     # ---- one batch ----------------------------------------------------------------------------
 
-    def decode(
-        self, raw: RawBatch, *, ordering: Ordering | None = None, device: torch.device | None = None
-    ) -> Batch:
-        """Decode, augment and normalize one raw batch (work on the current stream; see :meth:`stream`)."""
-        ordering = ordering if ordering is not None else HostOrdering()
-        device = device if device is not None else resolve(self.device)
+    def decode(self, raw: RawBatch) -> Batch:
+        """Decode, augment and normalize one raw batch, ready for the caller's current stream."""
+        device = resolve(self.device)
+        ordering = self._ordering(device)
+        with ordering.working():
+            batch = self._decode(raw, ordering, device)
+            done = ordering.finish(0)
+        ordering.hand_over((batch.images, batch.labels), done)
+        return batch
+
+    def _decode(self, raw: RawBatch, ordering: Ordering, device: torch.device) -> Batch:
+        """:meth:`decode`'s work, under ``ordering``: the work stream is current."""
         marks = Marks(self.config.cuda)
         marks.mark("")
         memory = Memory(device)
@@ -279,14 +285,24 @@ class DeviceDecoder:
                 images = self.backend([raw.sample(i) for i in items], device)
         except (torch.OutOfMemoryError, torch.AcceleratorError):
             raise
-        except (RuntimeError, ValueError, CorruptImageError):
+        except (RuntimeError, ValueError, CorruptImageError) as e:
             if len(items) == 1:
                 return {items[0]: None}
             half = len(items) // 2
-            return {
+            out = {
                 **self._decode_batched(raw, items[:half], ordering, device),
                 **self._decode_batched(raw, items[half:], ordering, device),
             }
+            if all(image is None for image in out.values()) and not self._warned:
+                self._warned = True  # a decoder that refuses everything is broken, not the data
+                warnings.warn(
+                    f"the batched decoder on {device} refused all {len(items)} images of a call "
+                    f"({type(e).__name__}: {e}); they were decoded on the CPU (decoder.stats.fallbacks "
+                    "counts them as 'refused')",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return out
         ordering.decoded(images)
         return dict(zip(items, images, strict=True))
 
@@ -371,23 +387,6 @@ class DeviceDecoder:
             while self._timings:
                 self._timings.popleft().add_to(self.stats.seconds)
         return self.stats
-
-
-@contextlib.contextmanager
-def _one_thread(cpu: bool) -> Iterator[None]:
-    """On the CPU, run torch on one thread, as in a DataLoader worker.
-
-    Float reductions (a resize, the colour matrix's mean) round differently with another number of
-    threads, and ops this small gain little from more threads; on a busy machine they lose much.
-    """
-    threads = torch.get_num_threads()
-    if cpu:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if cpu:
-            torch.set_num_threads(threads)
 
 
 def _shape(image: torch.Tensor) -> tuple[int, int]:

@@ -17,7 +17,7 @@ The rules, and the race each one closes (see pytorch/vision#9606: corrupted pixe
    ``k - ahead - 1`` to be finished on the device (:meth:`wait`), so at most ``ahead + 1`` batches of
    work are queued whatever the training loop does.
 
-:class:`HostOrdering` is the same protocol on the CPU, where every call is a no-op.
+:class:`HostOrdering` is the same protocol on the CPU, where there is nothing to order.
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ class Ordering(Protocol):
 
 
 class HostOrdering:
-    """On the CPU every operation runs when it is called: nothing to order."""
+    """On the CPU every operation runs when it is called: nothing to order.
+
+    The work runs as in a DataLoader worker, on one torch thread: float reductions (a resize, the
+    colour matrix's mean) round differently with another number of threads, and ops this small
+    gain little from more threads (on a busy machine they lose much).
+    """
 
     def decoding(self) -> contextlib.AbstractContextManager[None]:
         """No stream to switch to."""
@@ -69,9 +74,15 @@ class HostOrdering:
     def decoded(self, images: Sequence[torch.Tensor]) -> None:
         """Nothing to wait for."""
 
-    def working(self) -> contextlib.AbstractContextManager[None]:
-        """No stream to switch to."""
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        """Torch on one thread, as in a worker (the caller's setting comes back after)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
     def finish(self, index: int) -> Any:
         """Nothing to mark."""
