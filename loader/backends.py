@@ -14,8 +14,10 @@ from collections.abc import Callable
 import torch
 
 from .decode import decode
+from .errors import CorruptImageError
+from .offload import RawBatch
 
-__all__ = ["Backend", "default_backend"]
+__all__ = ["Backend", "decode_sample", "default_backend"]
 
 # A batched JPEG decoder: the bytes of each image (CPU uint8 tensors) to RGB uint8 [3, H, W] tensors on
 # the device. It raises for a batch it refuses (one bad image is enough).
@@ -46,3 +48,11 @@ def _cuda_decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.
 
 def _host_decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     return [decode(d.numpy().tobytes(), "jpg").to(device) for d in datas]
+
+
+def decode_sample(raw: RawBatch, i: int) -> torch.Tensor | CorruptImageError:
+    """Sample ``i`` of ``raw`` through the workers' own CPU decoder, or why it does not decode."""
+    try:
+        return decode(raw.sample(i).numpy().tobytes(), raw.exts[i], key=raw.keys[i], shard=raw.shards[i])
+    except CorruptImageError as e:
+        return e

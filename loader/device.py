@@ -40,15 +40,15 @@ import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
-from .backends import Backend, default_backend
+from .backends import Backend, decode_sample, default_backend
 from .batch import Batch, to_device
 from .control import CORRUPT
-from .decode import decode
 from .decoderstats import AUGMENT, DECODE, NORMALIZE, DecoderStats, Marks
 from .devicememory import Memory, bound, rounded
 from .errors import ConfigError, CorruptImageError
@@ -94,6 +94,7 @@ class DeviceDecoder:
         self._timings: deque[Marks] = deque()
         self._lock = threading.Lock()  # stats and timings: written by the producer, read by callers
         self._warned = False
+        self._pool: ThreadPoolExecutor | None = None  # the CPU decoder's threads, made when first needed
         self.batched_augment = config.augment == "batched" or (
             config.augment is None and self.config.cuda and isinstance(transform, BATCHED_PRESETS)
         )
@@ -240,34 +241,38 @@ class DeviceDecoder:
         device: torch.device,
         memory: Memory,
     ) -> dict[int, torch.Tensor | CorruptImageError]:
-        """Decode samples ``chunk``: what the probe sends to the batched decoder, the rest on the CPU."""
+        """Decode samples ``chunk``: what the probe sends to the batched decoder, the rest on the CPU.
+
+        The CPU's share starts first, on a small thread pool, and runs while the batched call does.
+        """
         batched = [i for i in chunk if probes[i].batched]
         out: dict[int, torch.Tensor | CorruptImageError] = {}
-        refused: list[int] = []
+        pending = {i: self._cpu_pool().submit(decode_sample, raw, i) for i in chunk if not probes[i].batched}
         if batched:
             memory.add(sum(len(raw.sample(i)) for i in batched))  # the decoder's copy of the JPEGs
             for i, image in self._decode_batched(raw, batched, ordering, device).items():
-                if image is None:
-                    refused.append(i)
+                if image is None:  # refused: the CPU decoder has the last word
+                    pending[i] = self._cpu_pool().submit(decode_sample, raw, i)
                 else:
                     out[i] = image
                     memory.add(image.nbytes)
-        cpu = sorted([i for i in chunk if not probes[i].batched] + refused)
         with self._lock:
-            self.stats.cpu_fallback += len(cpu)
-            for i in cpu:
+            self.stats.cpu_fallback += len(pending)
+            for i in pending:
                 reason = probes[i].reason or "refused"
                 self.stats.fallbacks[reason] = self.stats.fallbacks.get(reason, 0) + 1
-        for i in cpu:
-            data = raw.sample(i).numpy().tobytes()
-            try:
-                image = decode(data, raw.exts[i], key=raw.keys[i], shard=raw.shards[i])
-            except CorruptImageError as e:
-                out[i] = e
-                continue
-            out[i] = image.to(device)
-            memory.add(image.nbytes)
+        for i in sorted(pending):
+            result = pending[i].result()
+            if isinstance(result, torch.Tensor):
+                memory.add(result.nbytes)
+                result = result.to(device)
+            out[i] = result
         return out
+
+    def _cpu_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="imgshards-cpu-decode")
+        return self._pool
 
     def _decode_batched(
         self, raw: RawBatch, items: Sequence[int], ordering: Ordering, device: torch.device
@@ -315,8 +320,9 @@ class DeviceDecoder:
             assert isinstance(preset, BATCHED_PRESETS)
             limit = max(4 * self.config.max_decoded_bytes, *(canvas_bytes([_shape(i)]) for i in images))
             groups = by_width([_shape(i) for i in images], limit)
-            for group in groups:  # one group's canvas and roi_align output at a time
-                memory.add_transient(canvas_bytes([_shape(images[i]) for i in group]))
+            for group in groups:  # one group's canvas (and its border indices) and roi_align output at a time
+                rows = sum(_shape(images[i])[0] + 2 for i in group)
+                memory.add_transient(canvas_bytes([_shape(images[i]) for i in group]) + 36 * rows)
                 memory.add_transient(4 * 3 * preset.size**2 * len(group))
             out = augment_groups(images, views, preset, groups)
             memory.add(out.nbytes, keep=True)

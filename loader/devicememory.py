@@ -72,7 +72,8 @@ def bound(
 
     Per batch in work: the decoder's copy of the JPEGs (``raw_bytes``), one decode call's pixels
     (``max_decoded_bytes``, or one larger image alone), the float working set of the augment (the
-    batched canvas, at most ``4 * max_decoded_bytes`` or one image's, and ``roi_align``'s output;
+    batched canvas, at most ``4 * max_decoded_bytes`` or one image's, its border indices, and
+    ``roi_align``'s output;
     per image on a GPU: an image's float region and its resize), the augmented images and their
     stacked copy (``uint8``), the normalized output; each allocation rounded as the caching
     allocator rounds it. Batches: the one in work, ``ahead`` ready in the ring, and the one the
@@ -86,11 +87,13 @@ def bound(
     decoded = max(max_decoded_bytes, largest) + n * slack
     if batched:
         canvas = max((canvas_bytes([s]) for s in shapes), default=0)
-        float_set = rounded(max(4 * max_decoded_bytes, canvas)) + rounded(4 * n * per_image)
+        # The canvas, and its border indices (36 bytes a row, at most what a row of canvas holds).
+        float_set = 2 * rounded(max(4 * max_decoded_bytes, canvas)) + rounded(4 * n * per_image)
     else:
         float_set = rounded(4 * largest) + rounded(4 * per_image) if cuda else 0
     uint8 = n * rounded(per_image) + 2 * rounded(n * per_image)  # augmented, sorted back, stacked
     out = rounded(n * per_image * batch.images.element_size()) + rounded(8 * n)
-    in_work = rounded(raw_bytes) + decoded + float_set + uint8 + out
+    small = 64 << 10  # boxes, masks, colour terms, normalization constants: each a block of its own
+    in_work = rounded(raw_bytes) + decoded + float_set + uint8 + out + small
     reserve = 2 * (LARGE_SEGMENT + SMALL_SEGMENT) if cuda else 0
     return in_work + (ahead + 1) * out + reserve
