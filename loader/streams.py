@@ -64,7 +64,8 @@ class HostOrdering:
 
     The work runs as in a DataLoader worker, on one torch thread: float reductions (a resize, the
     colour matrix's mean) round differently with another number of threads, and ops this small
-    gain little from more threads (on a busy machine they lose much).
+    gain little from more threads (on a busy machine they lose much). ``torch.set_num_threads``
+    may apply to the whole process: the caller's setting is put back after each batch.
     """
 
     def decoding(self) -> contextlib.AbstractContextManager[None]:

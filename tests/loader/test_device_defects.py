@@ -21,7 +21,7 @@ import torch
 from PIL import Image, ImageFile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from imgshards.loader import DecodeOn, ShardDataset, make_loader, preset, to_device
+from imgshards.loader import ConfigError, DecodeOn, ShardDataset, make_loader, preset, to_device
 from imgshards.loader.augment import canvas_bytes
 from imgshards.loader.backends import default_backend
 from imgshards.loader.batch import BufferPool, collate, pool_token
@@ -408,3 +408,27 @@ def test_9_the_device_path_under_another_default_device_gives_the_same_batches(j
         torch.set_default_device(None)
     assert torch.equal(got.images, expected.images)
     assert torch.equal(to_device(got, "cpu").labels, expected.labels)
+
+
+# ---- a custom transform ----------------------------------------------------------------------------
+
+
+def _custom(img: torch.Tensor) -> torch.Tensor:
+    """Not a preset: draws from torch's default generator, as a user's transform would."""
+    flip = torch.rand(1).item() < 0.5
+    out = preset("eval", size=16)(img)
+    return out.flip(-1) if flip else out
+
+
+def test_a_custom_transform_runs_in_the_training_thread_as_in_the_workers(packed_many):
+    kw = dict(batch_size=8, transform=_custom, image_size=16, seed=4)
+    expected = [to_device(b, "cpu") for b in make_loader(ShardDataset(packed_many, **kw), num_workers=2)]
+    loader = make_loader(ShardDataset(packed_many, decode_on="cpu", **kw), num_workers=2)
+    assert not loader.decoder.threaded  # the default generator is the training thread's too
+    got = list(loader)
+    assert len(got) == len(expected)
+    for x, y in zip(got, expected, strict=True):
+        assert torch.equal(x.images, y.images) and torch.equal(x.labels, y.labels)
+    batched = ShardDataset(packed_many, decode_on=DecodeOn(device="cpu", augment="batched"), **kw)
+    with pytest.raises(ConfigError, match="augment='batched' applies the presets"):
+        make_loader(batched, num_workers=0)
