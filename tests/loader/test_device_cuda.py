@@ -102,7 +102,7 @@ def assert_close_to_workers(got, expected):
 def test_a_full_epoch_gives_the_workers_samples(packed_imagenet, transform, num_workers, pin_memory):
     mode = "eval" if transform == "eval" else "train"
     kw = dict(batch_size=16, transform=transform, mode=mode, seed=3)
-    expected = worker_batches(packed_imagenet, **kw)
+    expected = worker_batches(packed_imagenet, num_workers=num_workers, **kw)  # the same worker plan
     ds = ShardDataset(packed_imagenet, decode_on="cuda", **kw)
     loader = make_loader(ds, num_workers=num_workers, pin_memory=pin_memory)
     got = [b for b in loader]
