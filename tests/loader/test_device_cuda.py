@@ -173,7 +173,7 @@ def test_out_of_memory_propagates(packed_imagenet):
     loader.decoder.backend = greedy
     with pytest.raises(torch.OutOfMemoryError):
         list(loader)
-    assert calls == [16]
+    assert len(calls) == 1  # no retry, no halving
 
 
 def test_determinism_and_mid_epoch_resume(packed_imagenet):
