@@ -20,7 +20,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from imgshards.loader.augment import augment_batch
 from imgshards.loader.presets import preset
 
-
 # Operations that make a view (no kernel), or copy a host scalar: not launches.
 VIEWS = {
     "slice",
