@@ -181,6 +181,8 @@ def test_decode_on_is_checked_when_the_dataset_is_built(packed_many):
         DecodeOn(device="cpu", dtype=torch.uint8)
     with pytest.raises(ConfigError, match="ahead >= 0"):
         DecodeOn(device="cpu", ahead=-1)
+    with pytest.raises(ConfigError, match="unknown augment 'fast'; expected 'batched', 'per_image' or None"):
+        DecodeOn(device="cpu", augment="fast")
     if not CUDA:
         with pytest.raises(ConfigError, match="torch sees no CUDA device; use decode_on='cpu'"):
             ShardDataset(packed_many, decode_on="cuda")
