@@ -267,6 +267,8 @@ def _device_rows(d: DeviceRun) -> list[list[str]]:
     rows.append(["loader memory on the device", memory])
     if d.cuda_max_allocated is not None:
         rows.append(["GPU memory allocated (peak)", _bytes(d.cuda_max_allocated)])
+    if d.cuda_max_reserved is not None:
+        rows.append(["GPU memory reserved (peak)", _bytes(d.cuda_max_reserved)])
     return rows
 
 

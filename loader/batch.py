@@ -73,18 +73,24 @@ def _capacity(nbytes: int) -> int:
 
 
 def _trailer(storage: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.int64).set_(storage, storage.nbytes() // 8 - 2, (2,), (1,))
+    # On the storage's own device: the default device (set_default_device) may be another.
+    view = torch.empty(0, dtype=torch.int64, device=storage.device)
+    return view.set_(storage, storage.nbytes() // 8 - 2, (2,), (1,))
 
 
 def _new_buffer(nbytes: int, token: int) -> torch.UntypedStorage:
     storage = torch.UntypedStorage._new_shared(_capacity(nbytes))
-    _trailer(storage).copy_(torch.tensor([_MAGIC, token]))
+    _trailer(storage).copy_(torch.tensor([_MAGIC, token], device="cpu"))
     return storage
 
 
 def pool_token(images: torch.Tensor) -> int | None:
-    """The pool token of a batch's buffer, or ``None`` if it is not a pooled worker buffer."""
-    if not images.is_shared():
+    """The pool token of a batch's buffer, or ``None`` if it is not a pooled worker buffer.
+
+    Only a CPU tensor can be one: ``is_shared()`` is true of every CUDA storage, whose last bytes
+    are no trailer of ours (and reading them would copy from the device).
+    """
+    if images.device.type != "cpu" or not images.is_shared():
         return None
     storage = images.untyped_storage()
     if storage.nbytes() < _TRAILER or storage.nbytes() % 8:
@@ -105,8 +111,12 @@ def collate(
         ConfigError: the images differ in size (the transform must produce one fixed size).
 
     """
+    # Worker batches live on the CPU whatever the default device (set_default_device) says.
     if not images:
-        return Batch(torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty(0, dtype=torch.int64))
+        return Batch(
+            torch.empty((0, 3, 0, 0), dtype=torch.uint8, device="cpu"),
+            torch.empty(0, dtype=torch.int64, device="cpu"),
+        )
     shape = images[0].shape
     for img in images:
         if img.shape != shape or img.dtype != torch.uint8:
@@ -118,16 +128,16 @@ def collate(
     n = len(images)
     nhwc = (n, height, width, channels)
     if pool is None:
-        out = torch.empty(nhwc, dtype=torch.uint8)
+        out = torch.empty(nhwc, dtype=torch.uint8, device="cpu")
     else:
         storage = pool.take(n * height * width * channels)
-        out = torch.empty(0, dtype=torch.uint8).set_(
+        out = torch.empty(0, dtype=torch.uint8, device="cpu").set_(
             storage, 0, nhwc, (height * width * channels, width * channels, channels, 1)
         )
     out = out.permute(0, 3, 1, 2)
     for i, img in enumerate(images):
         out[i].copy_(img)
-    return Batch(out, torch.tensor(labels, dtype=torch.int64))
+    return Batch(out, torch.tensor(labels, dtype=torch.int64, device="cpu"))
 
 
 def to_device(
@@ -167,7 +177,8 @@ def to_device(
     labels = batch.labels.to(device, non_blocking=True)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = images.to(dtype=dtype, memory_format=fmt)
-    scale = torch.tensor([255 * s for s in std], dtype=dtype).view(1, 3, 1, 1).to(device, non_blocking=True)
-    shift = torch.tensor([255 * m for m in mean], dtype=dtype).view(1, 3, 1, 1).to(device, non_blocking=True)
+    scale = torch.tensor([255 * s for s in std], dtype=dtype, device="cpu").view(1, 3, 1, 1)
+    shift = torch.tensor([255 * m for m in mean], dtype=dtype, device="cpu").view(1, 3, 1, 1)
+    scale, shift = scale.to(device, non_blocking=True), shift.to(device, non_blocking=True)
     x.sub_(shift).div_(scale)
     return Batch(x, labels)

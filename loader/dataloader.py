@@ -157,7 +157,8 @@ class ShardLoader:
             batches = self.decoder.stream(self.dataloader)
         for batch in batches:
             self._give_back()
-            token = pool_token(batch.images)
+            # Only the workers' own batches come from their buffer pools; decoded ones never do.
+            token = pool_token(batch.images) if self.decoder is None else None
             if token is not None:
                 self._lent.append((StorageWeakRef(batch.images.untyped_storage()), token))
             delivered += 1

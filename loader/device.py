@@ -4,106 +4,74 @@ With ``ShardDataset(..., decode_on="cuda")`` the DataLoader workers only read, s
 bytes (:class:`~.offload.RawBatch`, one message per batch), and a :class:`DeviceDecoder` in the
 training process turns each into a normalized :class:`~.batch.Batch` on the device::
 
-    RawBatch -> decode (nvjpeg, one call per chunk of the batch; the CPU decoder for the rest)
-        -> preset per image, on the device -> stack -> normalize (exactly as ``to_device``)
+    producer thread:  RawBatch -> probe headers (host) -> decode (one batched call per chunk, on a
+        decode stream of its own; the CPU decoder for the rest) -> draw each image's view (host,
+        the workers' generator, sample order) -> augment (batched: a few launches per group of
+        images) -> stack -> normalize  -> ring of ``ahead`` ready batches
+    training thread:  next() takes a ready batch; its stream waits for that batch's event
 
-- **Same augmentation as in the workers**: torch's generator is seeded from the batch's
-  ``(seed, epoch, rank, worker, batch)`` (:func:`~.pipeline.augment_seed`) and the images are
-  transformed in sample order, so every random parameter is the one a worker would draw. On the CPU
-  (``decode_on="cpu"``, run on one thread as a worker runs) the images are bit-identical to
-  ``to_device(batch from the workers)``; on a GPU the crop, flip and colour parameters are the
-  same, the pixels differ by the float resize's rounding.
-- **Fallbacks**: non-JPEG samples, CMYK JPEGs (nvjpeg does not convert them) and JPEGs whose header
-  does not parse go to the CPU decoder (:func:`~.decode.decode`), as does any JPEG nvjpeg refuses (a
-  refused batch call is retried image by image). What the CPU decoder cannot read either is a
-  :class:`~.errors.CorruptImageError`: raised or skipped and counted, as ``on_error`` says.
-- **Overlap** (CUDA): batch ``k + 1`` is decoded on a side stream while the training step runs on
-  batch ``k``; the training stream waits for it on an event, never the host.
-- **Bounded memory**: one decode call gets at most ``max_decoded_bytes`` of decoded pixels (from the
-  JPEG headers; a single larger image goes alone), and at most ``ahead + 1`` finished batches are
-  held. :attr:`DeviceDecoder.stats` reports the bytes the loader's tensors took at their peak.
+- **Same augmentation as in the workers**: the views (crop box, flip, colour) are drawn on the host
+  from a CPU generator seeded from the batch's ``(seed, epoch, rank, worker, batch)``
+  (:func:`~.pipeline.augment_seed`), in sample order, from the decoded sizes: every random parameter
+  is the one a worker draws. With ``augment="per_image"`` (the default on the CPU) the preset runs
+  image by image and ``decode_on="cpu"`` gives ``to_device(batch from the workers)`` bit for bit;
+  with ``augment="batched"`` (the default on a GPU, :mod:`.augment`) the pixels differ from the
+  per-image presets by the resize filter (the tolerance is stated there).
+- **Fallbacks** (:mod:`.probe`): non-JPEG, CMYK, progressive, truncated and unparsable files go
+  to the workers' CPU decoder, so the GPU keeps exactly the samples the workers keep. A batched call
+  the decoder refuses is halved until the refused images are alone (``log2(n)`` calls for one bad
+  image); those go to the CPU decoder, and what it cannot read is a
+  :class:`~.errors.CorruptImageError` (raised, or skipped and counted). Out-of-memory and device
+  errors propagate, never retried.
+- **Overlap**: all of a batch's host work (the DataLoader's ``next()``, probes, draws, launches, CPU
+  fallbacks) runs in a producer thread (:mod:`.producer`), ``ahead`` batches ahead; the training
+  thread's ``next()`` takes a ready batch. On a GPU the streams and events follow :mod:`.streams`.
+  A custom transform (not a preset) draws from torch's default generator, shared with the training
+  thread, so it runs in the training thread, image by image.
+- **Bounded memory**: a decode call gets at most ``max_decoded_bytes`` of pixels (a larger image
+  goes alone), the batched augment's canvas at most four times that, and at most ``ahead + 2``
+  batches exist; :attr:`DeviceDecoder.stats` has the peak and the bound (:mod:`.devicememory`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
+import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from itertools import pairwise
-from time import perf_counter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import torch
-from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 
+from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
+from .backends import Backend, decode_sample, default_backend
 from .batch import Batch, to_device
 from .control import CORRUPT
-from .decode import decode, jpeg_header
+from .decoderstats import AUGMENT, DECODE, NORMALIZE, DecoderStats, Marks
+from .devicememory import Memory, bound, rounded
 from .errors import ConfigError, CorruptImageError
 from .offload import DecodeOn, RawBatch
 from .pipeline import augment_seed, seeded
-from .presets import Transform
+from .presets import PRESETS, Transform, View
+from .probe import Probe, chunks, probe
+from .producer import Producer
+from .streams import Ordering, ordering_for, resolve
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
 
 __all__ = ["DecoderStats", "DeviceDecoder"]
 
-DECODE, AUGMENT, NORMALIZE = "decode", "augment", "normalize"
-
-
-@dataclass
-class DecoderStats:
-    """What the decoder did so far: batches, time per stage, fallbacks, and its memory at the peak.
-
-    Times are the device's: GPU time between CUDA events on a GPU, wall time on the CPU.
-    """
-
-    batches: int = 0
-    images: int = 0
-    seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys((DECODE, AUGMENT, NORMALIZE), 0.0)
-    )
-    cpu_fallback: int = 0
-    decode_calls: int = 0
-    peak_bytes: int = 0
-    bound_bytes: int = 0
-
-    def ms_per_batch(self, stage: str) -> float:
-        """Mean milliseconds per batch spent in ``stage`` (``"decode"``, ``"augment"``, ``"normalize"``)."""
-        return self.seconds[stage] / self.batches * 1000 if self.batches else 0.0
-
-
-class _Marks:
-    """Timestamps between the stages of one batch: CUDA events on a GPU, ``perf_counter`` on the CPU."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.marks: list[tuple[str, Any]] = []
-
-    def mark(self, stage: str) -> None:
-        """Close the stage running since the previous mark; ``stage`` is the one it belonged to."""
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append((stage, event))
-        else:
-            self.marks.append((stage, perf_counter()))
-
-    def add_to(self, seconds: dict[str, float]) -> None:
-        """Add the time of each stage to ``seconds`` (on a GPU, waits for the last event)."""
-        if self.cuda and self.marks:
-            self.marks[-1][1].synchronize()
-        for (_, start), (stage, end) in pairwise(self.marks):
-            seconds[stage] += start.elapsed_time(end) / 1000 if self.cuda else end - start
-
 
 class DeviceDecoder:
-    """Turns raw batches into normalized batches on ``config.device`` (see the module docstring)."""
+    """Turns raw batches into normalized batches on ``config.device`` (see the module docstring).
+
+    ``backend`` and ``ordering`` are the two parts that touch the GPU (the batched decoder, and
+    the streams and events, :mod:`.streams`); the defaults are the real ones for the device, and
+    tests on a machine without a GPU put fakes in their place.
+    """
 
     def __init__(
         self,
@@ -113,14 +81,28 @@ class DeviceDecoder:
         seed: int,
         rank: int,
         on_corrupt: Callable[[int, CorruptImageError], None] | None,
+        backend: Backend | None = None,
+        ordering: Callable[[torch.device], Ordering] | None = None,
     ) -> None:
         self.config, self.transform, self.seed, self.rank = config, transform, seed, rank
         self.device = torch.device(config.device)
         # Called as on_corrupt(worker, error) for an image no decoder reads; None: raise it.
         self.on_corrupt = on_corrupt
+        self.backend = backend if backend is not None else default_backend(self.device)
+        self._ordering = ordering if ordering is not None else ordering_for
         self.stats = DecoderStats()
-        self._timings: deque[_Marks] = deque()
-        self._held = 0  # bytes of finished batches handed out or waiting
+        self._timings: deque[Marks] = deque()
+        self._lock = threading.Lock()  # stats and timings: written by the producer, read by callers
+        self._warned = False
+        self._pool: ThreadPoolExecutor | None = None  # the CPU decoder's threads, made when first needed
+        self.batched_augment = config.augment == "batched" or (
+            config.augment is None and self.config.cuda and isinstance(transform, BATCHED_PRESETS)
+        )
+        if self.batched_augment and not isinstance(transform, BATCHED_PRESETS):
+            raise ConfigError(
+                f"decode_on: augment='batched' applies the presets {list(PRESETS)}, not {transform!r}; "
+                "use augment='per_image' for a custom transform"
+            )
 
     @classmethod
     def of(cls, dataset: ShardDataset) -> DeviceDecoder:
@@ -139,70 +121,89 @@ class DeviceDecoder:
             on_corrupt=None if dataset.on_error == "raise" else on_corrupt,
         )
 
-    # ---- the stream: overlap on a GPU ---------------------------------------------------------
+    @property
+    def threaded(self) -> bool:
+        """Whether batches are made in a producer thread (``ahead >= 1`` and a preset transform).
+
+        A custom transform draws from torch's default generator, which the training thread uses
+        too: it runs in the training thread, image by image, as in a worker.
+        """
+        return self.config.ahead > 0 and isinstance(self.transform, BATCHED_PRESETS)
+
+    # ---- the stream: a producer thread, a ring of ready batches ------------------------------
 
     def stream(self, raws: Iterable[RawBatch]) -> Iterator[Batch]:
-        """Decode ``raws`` in order; on a GPU, ``config.ahead`` batches ahead on a side stream."""
-        if not self.config.cuda:
-            for raw in raws:
-                yield self.decode(raw)
+        """Decode ``raws`` in order; with :attr:`threaded`, ``config.ahead`` ready batches ahead.
+
+        ``raws`` is iterated (``iter()`` included) in the producer thread. A CUDA device given
+        without an index is the current device of the thread that starts the stream.
+        """
+        device = resolve(self.device)
+        ordering = self._ordering(device)
+
+        def produce() -> Iterator[tuple[Batch, Any]]:
+            queued: deque[Any] = deque()  # the done marks of batches whose work may still run
+            for k, raw in enumerate(raws):
+                if len(queued) > self.config.ahead:
+                    ordering.wait(queued.popleft())  # rule 4: bounded work in flight
+                with ordering.working():
+                    batch = self._decode(raw, ordering, device)
+                    done = ordering.finish(k)
+                queued.append(done)
+                yield batch, done
+
+        if not self.threaded:
+            for batch, done in produce():
+                ordering.hand_over((batch.images, batch.labels), done)
                 self._collect_timings()
+                yield batch
             return
-        side = torch.cuda.Stream(self.device)
-        pending: deque[tuple[Batch, torch.cuda.Event, int]] = deque()
-        source = iter(raws)
 
-        def launch() -> bool:
-            raw = next(source, None)
-            if raw is None:
-                return False
-            with torch.cuda.stream(side):
-                batch = self.decode(raw)
-                done = torch.cuda.Event()
-                done.record(side)
-            pending.append((batch, done, _nbytes(batch)))
-            return True
+        def setup() -> None:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # a new thread starts on device 0
 
-        handed: torch.cuda.Event | None = None
+        producer: Producer[tuple[Batch, Any]] = Producer(
+            produce, depth=self.config.ahead, name="imgshards-decode", setup=setup
+        )
         try:
-            while pending or launch():
-                batch, done, nbytes = pending.popleft()
-                consumer = torch.cuda.current_stream(self.device)
-                consumer.wait_event(done)  # the training stream waits on the device, not the host
-                if handed is not None:
-                    # The host waits only for the decode of the batch handed out before: the side
-                    # stream never has more than `ahead + 1` batches queued, so memory stays bounded.
-                    handed.synchronize()
-                handed = done
-                # Made on the side stream, used on the training stream: the allocator must know.
-                batch.images.record_stream(consumer)
-                batch.labels.record_stream(consumer)
-                while len(pending) < self.config.ahead:  # queued now, decoded during the step on `batch`
-                    self._held = nbytes + sum(n for _, _, n in pending)
-                    if not launch():
-                        break
+            for batch, done in producer:
+                ordering.hand_over((batch.images, batch.labels), done)  # rule 3: batch k's own event
                 self._collect_timings()
                 yield batch
         finally:
-            self._held = 0
+            producer.close()
 
     # ---- one batch ----------------------------------------------------------------------------
 
     def decode(self, raw: RawBatch) -> Batch:
-        """Decode, augment and normalize one raw batch on the device (on the current stream)."""
-        marks = _Marks(self.config.cuda)
+        """Decode, augment and normalize one raw batch, ready for the caller's current stream."""
+        device = resolve(self.device)
+        ordering = self._ordering(device)
+        with ordering.working():
+            batch = self._decode(raw, ordering, device)
+            done = ordering.finish(0)
+        ordering.hand_over((batch.images, batch.labels), done)
+        return batch
+
+    def _decode(self, raw: RawBatch, ordering: Ordering, device: torch.device) -> Batch:
+        """:meth:`decode`'s work, under ``ordering``: the work stream is current."""
+        marks = Marks(self.config.cuda)
         marks.mark("")
-        images: list[torch.Tensor] = []
-        kept: list[int] = []
-        live = peak = 0  # bytes of this batch's tensors on the device
+        memory = Memory(device)
         seed = augment_seed(self.seed, raw.epoch, self.rank, raw.worker, raw.index)
-        probes = [_probe(raw, i) for i in range(len(raw))]
-        with seeded(seed, restore=True), _one_thread(not self.config.cuda):
-            for chunk in self._chunks(probes):
-                decoded = self._decode_chunk(raw, chunk, probes)
+        probes = [probe(raw.sample(i).numpy().data, raw.exts[i]) for i in range(len(raw))]
+        preset = self.transform if isinstance(self.transform, BATCHED_PRESETS) else None
+        # The workers' draws, from a generator of this batch's own: the default one is left alone.
+        generator = torch.Generator().manual_seed(seed) if preset is not None else None
+        parts: list[torch.Tensor] = []
+        kept: list[int] = []
+        scope = seeded(seed, restore=True) if preset is None else contextlib.nullcontext()
+        with scope:
+            for chunk in chunks(probes, self.config.max_decoded_bytes):
+                decoded = self._decode_chunk(raw, chunk, probes, ordering, device, memory)
                 marks.mark(DECODE)
-                chunk_bytes = sum(_nbytes_of(d) for d in decoded.values())
-                peak = max(peak, live + chunk_bytes)
+                images, views = [], []
                 for i in chunk:  # in sample order: the generator's draws are the workers'
                     image = decoded.pop(i)
                     if isinstance(image, CorruptImageError):
@@ -210,145 +211,189 @@ class DeviceDecoder:
                             raise image
                         self.on_corrupt(raw.worker, image)
                         continue
-                    out = self.transform(image)
-                    images.append(out)
+                    images.append(image)
                     kept.append(i)
-                    live += out.nbytes
-                peak = max(peak, live + chunk_bytes)
+                    if preset is not None:
+                        views.append(preset.draw(int(image.shape[-2]), int(image.shape[-1]), generator))
+                parts.extend(self._augment(images, views, memory))
+                del images, decoded
+                memory.free_chunk()
                 marks.mark(AUGMENT)
-            batch = self._normalize(images, raw.labels[kept] if kept else raw.labels[:0])
-            peak = max(peak, live * 2 + batch.images.nbytes)  # the stacked copy, then the output
+            batch = self._normalize(parts, raw.labels[kept] if kept else raw.labels[:0], device, memory)
             marks.mark(NORMALIZE)
-        self._timings.append(marks)
-        self.stats.batches += 1
-        self.stats.images += len(kept)
-        self.stats.peak_bytes = max(self.stats.peak_bytes, peak + self._held)
-        self.stats.bound_bytes = max(self.stats.bound_bytes, self._bound(probes, batch))
+        with self._lock:
+            self._timings.append(marks)
+            self.stats.batches += 1
+            self.stats.images += len(kept)
+            # This batch's work at its peak, and the finished batches that may exist meanwhile: the
+            # `ahead` in the ring and the one the training loop holds.
+            held = (self.config.ahead + 1) * (rounded(batch.images.nbytes) + rounded(batch.labels.nbytes))
+            self.stats.peak_bytes = max(self.stats.peak_bytes, memory.peak + held)
+            self.stats.bound_bytes = max(self.stats.bound_bytes, self._bound(raw, probes, batch))
         return batch
 
-    def _chunks(self, probes: Sequence[_Probe]) -> Iterator[list[int]]:
-        """Consecutive runs of the batch that decode to at most ``max_decoded_bytes`` together."""
-        chunk: list[int] = []
-        size = 0
-        for i, probe in enumerate(probes):
-            if chunk and size + probe.nbytes > self.config.max_decoded_bytes:
-                yield chunk
-                chunk, size = [], 0
-            chunk.append(i)
-            size += probe.nbytes
-        if chunk:
-            yield chunk
-
     def _decode_chunk(
-        self, raw: RawBatch, chunk: Sequence[int], probes: Sequence[_Probe]
+        self,
+        raw: RawBatch,
+        chunk: Sequence[int],
+        probes: Sequence[Probe],
+        ordering: Ordering,
+        device: torch.device,
+        memory: Memory,
     ) -> dict[int, torch.Tensor | CorruptImageError]:
-        """Decode samples ``chunk``: JPEGs the batched decoder takes in one call, the rest on the CPU."""
+        """Decode samples ``chunk``: what the probe sends to the batched decoder, the rest on the CPU.
+
+        The CPU's share starts first, on a small thread pool, and runs while the batched call does.
+        """
         batched = [i for i in chunk if probes[i].batched]
-        cpu = [i for i in chunk if not probes[i].batched]
         out: dict[int, torch.Tensor | CorruptImageError] = {}
+        pending = {i: self._cpu_pool().submit(decode_sample, raw, i) for i in chunk if not probes[i].batched}
         if batched:
-            self.stats.decode_calls += 1
-            try:
-                images = decode_jpeg(
-                    [raw.sample(i) for i in batched], mode=ImageReadMode.RGB, device=self.device
-                )
-                out.update(zip(batched, images, strict=True))
-            except (RuntimeError, ValueError):
-                for i in batched:  # one refused image fails the call: find it, the others stay here
-                    try:
-                        out[i] = decode_jpeg(raw.sample(i), mode=ImageReadMode.RGB, device=self.device)
-                    except (RuntimeError, ValueError):
-                        cpu.append(i)
-        for i in sorted(cpu):
-            self.stats.cpu_fallback += 1
-            data = raw.sample(i).numpy().tobytes()
-            try:
-                out[i] = decode(data, raw.exts[i], key=raw.keys[i], shard=raw.shards[i]).to(self.device)
-            except CorruptImageError as e:
-                out[i] = e
+            memory.add(sum(len(raw.sample(i)) for i in batched))  # the decoder's copy of the JPEGs
+            for i, image in self._decode_batched(raw, batched, ordering, device).items():
+                if image is None:  # refused: the CPU decoder has the last word
+                    pending[i] = self._cpu_pool().submit(decode_sample, raw, i)
+                else:
+                    out[i] = image
+                    memory.add(image.nbytes)
+        with self._lock:
+            self.stats.cpu_fallback += len(pending)
+            for i in pending:
+                reason = probes[i].reason or "refused"
+                self.stats.fallbacks[reason] = self.stats.fallbacks.get(reason, 0) + 1
+        for i in sorted(pending):
+            result = pending[i].result()
+            if isinstance(result, torch.Tensor):
+                memory.add(result.nbytes)
+                result = result.to(device)
+            out[i] = result
         return out
 
-    def _normalize(self, images: list[torch.Tensor], labels: torch.Tensor) -> Batch:
+    def _cpu_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="imgshards-cpu-decode")
+        return self._pool
+
+    def _decode_batched(
+        self, raw: RawBatch, items: Sequence[int], ordering: Ordering, device: torch.device
+    ) -> dict[int, torch.Tensor | None]:
+        """One call for ``items``; if the decoder refuses it, halves until the refused images are alone.
+
+        An image the decoder refuses maps to ``None`` (the CPU decoder gets it): ``log2(n)`` calls
+        for one bad image in ``n``, not ``n``. Only a decode error is one: an out-of-memory or
+        device error (:class:`torch.OutOfMemoryError`, :class:`torch.AcceleratorError`) propagates.
+        """
+        with self._lock:
+            self.stats.decode_calls += 1
+        try:
+            with ordering.decoding():
+                images = self.backend([raw.sample(i) for i in items], device)
+        except (torch.OutOfMemoryError, torch.AcceleratorError):
+            raise
+        except (RuntimeError, ValueError, CorruptImageError) as e:
+            if len(items) == 1:
+                return {items[0]: None}
+            half = len(items) // 2
+            out = {
+                **self._decode_batched(raw, items[:half], ordering, device),
+                **self._decode_batched(raw, items[half:], ordering, device),
+            }
+            if all(image is None for image in out.values()) and not self._warned:
+                self._warned = True  # a decoder that refuses everything is broken, not the data
+                warnings.warn(
+                    f"the batched decoder on {device} refused all {len(items)} images of a call "
+                    f"({type(e).__name__}: {e}); they were decoded on the CPU (decoder.stats.fallbacks "
+                    "counts them as 'refused')",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return out
+        ordering.decoded(images)
+        return dict(zip(items, images, strict=True))
+
+    def _augment(self, images: list[torch.Tensor], views: list[View], memory: Memory) -> list[torch.Tensor]:
+        """The chunk's images augmented, as ``uint8 [k, 3, size, size]`` parts or ``[3, size, size]`` ones."""
+        if not images:
+            return []
+        if self.batched_augment:
+            preset = self.transform
+            assert isinstance(preset, BATCHED_PRESETS)
+            limit = max(4 * self.config.max_decoded_bytes, *(canvas_bytes([_shape(i)]) for i in images))
+            groups = by_width([_shape(i) for i in images], limit)
+            for group in groups:  # one group's canvas (and its border indices) and roi_align output at a time
+                rows = sum(_shape(images[i])[0] + 2 for i in group)
+                memory.add_transient(canvas_bytes([_shape(images[i]) for i in group]) + 36 * rows)
+                memory.add_transient(4 * 3 * preset.size**2 * len(group))
+            out = augment_groups(images, views, preset, groups)
+            memory.add(out.nbytes, keep=True)
+            return [out]
+        results = []
+        for k, image in enumerate(images):
+            if views:
+                preset = self.transform
+                assert isinstance(preset, BATCHED_PRESETS)
+                result = preset.apply(image, views[k])
+            else:
+                result = self.transform(image)
+            if image.device.type != "cpu":  # the float region and its float resize
+                memory.add_transient(4 * image.nbytes + 4 * result.nbytes)
+            memory.add(result.nbytes, keep=True)
+            results.append(result)
+        return results
+
+    def _normalize(
+        self, parts: list[torch.Tensor], labels: torch.Tensor, device: torch.device, memory: Memory
+    ) -> Batch:
+        images = [p for part in parts for p in (part if part.dim() == 4 else part[None])]
         for image in images[1:]:
             if image.shape != images[0].shape or image.dtype != torch.uint8:
                 raise ConfigError(
                     f"a batch needs uint8 images of one size, got {tuple(images[0].shape)} and "
                     f"{tuple(image.shape)} ({image.dtype}); use a transform that crops to a fixed size"
                 )
-        stacked = torch.stack(images) if images else torch.empty((0, 3, 0, 0), dtype=torch.uint8)
+        if images:
+            stacked = torch.cat([p if p.dim() == 4 else p[None] for p in parts])
+        else:
+            stacked = torch.empty((0, 3, 0, 0), dtype=torch.uint8, device=device)
+        memory.add(stacked.nbytes, keep=True)
         c = self.config
-        return to_device(
+        out = to_device(
             Batch(stacked, labels),
-            self.device,
+            device,
             mean=c.mean,
             std=c.std,
             channels_last=c.channels_last,
             dtype=c.dtype,
         )
+        memory.add(out.images.nbytes + out.labels.nbytes, keep=True)
+        return out
 
-    def _bound(self, probes: Sequence[_Probe], batch: Batch) -> int:
-        """What the design bounds this decoder's memory by, for batches like ``batch``.
-
-        One decode call's pixels (``max_decoded_bytes``, or one larger image alone), the augmented
-        images and their stacked copy (uint8), and the finished batches held (``ahead + 1``).
-        """
-        n = len(probes)
-        per_image = batch.images[0].numel() if len(batch.images) else 0
-        out = n * per_image * batch.images.element_size()
-        largest = max((p.nbytes for p in probes), default=0)
-        return max(self.config.max_decoded_bytes, largest) + 2 * n * per_image + (self.config.ahead + 1) * out
+    def _bound(self, raw: RawBatch, probes: Sequence[Probe], batch: Batch) -> int:
+        """What the design bounds the memory by, for batches like ``batch`` (:func:`.devicememory.bound`)."""
+        shapes = [(p.height, p.width) for p in probes]
+        return bound(
+            shapes,
+            raw_bytes=raw.data.numel(),
+            batch=batch,
+            max_decoded_bytes=self.config.max_decoded_bytes,
+            ahead=self.config.ahead,
+            batched=self.batched_augment,
+            cuda=self.config.cuda,
+        )
 
     def _collect_timings(self) -> None:
         """Add up the stage times of batches whose work is finished (all of them on the CPU)."""
-        while self._timings and (not self.config.cuda or self._timings[0].marks[-1][1].query()):
-            self._timings.popleft().add_to(self.stats.seconds)
+        with self._lock:
+            while self._timings and (not self.config.cuda or self._timings[0].marks[-1][1].query()):
+                self._timings.popleft().add_to(self.stats.seconds)
 
     def settle(self) -> DecoderStats:
         """Wait for the timings of every batch decoded so far and return :attr:`stats`."""
-        while self._timings:
-            self._timings.popleft().add_to(self.stats.seconds)
+        with self._lock:
+            while self._timings:
+                self._timings.popleft().add_to(self.stats.seconds)
         return self.stats
 
 
-@contextlib.contextmanager
-def _one_thread(cpu: bool) -> Iterator[None]:
-    """On the CPU, run torch on one thread, as in a DataLoader worker.
-
-    Float reductions (a resize, the colour matrix's mean) round differently with another number of
-    threads, and ops this small gain little from more threads; on a busy machine they lose much.
-    """
-    threads = torch.get_num_threads()
-    if cpu:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if cpu:
-            torch.set_num_threads(threads)
-
-
-class _Probe(NamedTuple):
-    """What a sample's header says before decoding: whether nvjpeg takes it, its decoded bytes."""
-
-    batched: bool
-    nbytes: int
-
-
-def _probe(raw: RawBatch, i: int) -> _Probe:
-    data = raw.sample(i).numpy().data
-    if raw.exts[i] == "jpg" and (header := jpeg_header(data)) is not None:
-        # nvjpeg's RGB output does not convert CMYK/YCCK (4 components): the CPU decoder does.
-        return _Probe(header.components in (1, 3), 3 * header.height * header.width)
-    try:  # another format, or a JPEG whose header does not parse: Pillow reads only the header here
-        with Image.open(io.BytesIO(data)) as im:
-            return _Probe(False, 3 * im.width * im.height)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):  # the CPU decoder says why
-        return _Probe(False, 0)
-
-
-def _nbytes(batch: Batch) -> int:
-    return batch.images.nbytes + batch.labels.nbytes
-
-
-def _nbytes_of(item: torch.Tensor | CorruptImageError) -> int:
-    return item.nbytes if isinstance(item, torch.Tensor) else 0
+def _shape(image: torch.Tensor) -> tuple[int, int]:
+    return int(image.shape[-2]), int(image.shape[-1])

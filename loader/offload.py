@@ -10,8 +10,8 @@ training process decodes and augments it (:mod:`.device`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -36,8 +36,13 @@ class DecodeOn:
         std: Per-channel standard deviation.
         max_decoded_bytes: Decoded pixels one decode call may produce (the rest of the batch waits
             for the next call): bounds the decoder's memory whatever the images' sizes.
-        ahead: Batches decoded ahead of the one the training loop holds (CUDA; 1 overlaps
-            decoding batch ``k + 1`` with the step on batch ``k``).
+        ahead: Ready batches a producer thread keeps ahead of the one the training loop holds (1
+            overlaps making batch ``k + 1`` with the step on batch ``k``; 0 makes each batch in the
+            training thread when it is asked for).
+        augment: ``"batched"`` (the presets applied to many images at once, a few launches per
+            group: :mod:`.augment`) or ``"per_image"`` (the presets image by image, as the workers
+            run them); ``None``: batched on a GPU, per image on the CPU (where ``decode_on="cpu"``
+            then gives the workers' batches bit for bit).
 
     Raises:
         ConfigError: an unknown device, CUDA asked for without one, or a value out of range.
@@ -51,6 +56,7 @@ class DecodeOn:
     std: tuple[float, float, float] = IMAGENET_STD
     max_decoded_bytes: int = 256 << 20
     ahead: int = 1
+    augment: Literal["batched", "per_image"] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -71,6 +77,10 @@ class DecodeOn:
             raise ConfigError(f"decode_on: dtype must be a floating dtype, got {self.dtype}")
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ConfigError(f"decode_on: mean and std need 3 values, got {self.mean} and {self.std}")
+        if self.augment not in (None, "batched", "per_image"):
+            raise ConfigError(
+                f"decode_on: unknown augment {self.augment!r}; expected 'batched', 'per_image' or None"
+            )
         if self.max_decoded_bytes < 1 or self.ahead < 0:
             raise ConfigError(
                 f"decode_on: need max_decoded_bytes >= 1 and ahead >= 0, got {self.max_decoded_bytes}, "
@@ -127,8 +137,14 @@ class RawBatch:
         return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
     def pin_memory(self) -> RawBatch:
-        """The same batch in pinned memory (DataLoader's ``pin_memory=True`` calls this)."""
-        return replace(self, data=self.data.pin_memory(), labels=self.labels.pin_memory())
+        """The batch itself: a raw batch is never copied into pinned memory.
+
+        DataLoader's pin thread (``pin_memory=True``) calls this for every batch. Pinning pays only
+        for a copy to a GPU that runs asynchronously; nothing reads these bytes so: the decoders
+        read them on the host (nvjpeg's Huffman stage runs on the CPU), and copying each batch
+        (~28 MB for 256 ImageNet JPEGs) would only cost a core and pinned memory.
+        """
+        return self
 
 
 def raw_batch(
@@ -143,16 +159,16 @@ def raw_batch(
     total = int(offsets[-1])
     if shared:
         storage = torch.UntypedStorage._new_shared(max(total, 1))
-        data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (total,), (1,))
+        data = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage, 0, (total,), (1,))
     else:
-        data = torch.empty(total, dtype=torch.uint8)
+        data = torch.empty(total, dtype=torch.uint8, device="cpu")
     out = data.numpy()
     for image, start, stop in zip(images, offsets[:-1], offsets[1:], strict=True):
         out[start:stop] = np.frombuffer(image, dtype=np.uint8)
     return RawBatch(
         data=data,
         offsets=torch.from_numpy(offsets),
-        labels=torch.tensor([int(s["__label__"]) for s in samples], dtype=torch.int64),
+        labels=torch.tensor([int(s["__label__"]) for s in samples], dtype=torch.int64, device="cpu"),
         exts=tuple(exts),
         keys=tuple(str(s.get("__key__")) for s in samples),
         shards=tuple(sample_shard(s) for s in samples),

@@ -18,22 +18,29 @@ steps (which they were checked against):
   rounding of the crop box to whole source pixels).
 - The region is resized by ``torch.nn.functional.interpolate`` (bilinear, antialias) on ``uint8``
   in channels-last layout: the kernel ``torchvision.transforms.v2.functional.resize`` calls, without
-  its per-call overhead (~15% of a resize at this size).
+  its per-call overhead (~15% of a resize at this size). On a GPU (no ``uint8`` kernel there) it
+  runs in ``float32`` on planar memory, the layout the CUDA kernel reads fastest.
 - Colour jitter and lighting are affine in RGB, so the three jitter steps (in random order, as
   torchvision's) and the lighting offset are composed into one 3x3 matrix and offset, applied in a
   single pass and clamped once at the end (``fb.resnet.torch`` does not clamp between steps either;
   torchvision does): about 4x faster than ``v2.ColorJitter`` on ``uint8``.
 
-Randomness comes from torch's default generator, which :class:`~imgshards.loader.ShardDataset` seeds
-for every batch from ``(seed, epoch, rank, worker, batch)``, so the same view of an image comes back
-on a rerun and after a mid-epoch resume.
+Randomness comes from torch's default CPU generator, which :class:`~imgshards.loader.ShardDataset`
+seeds for every batch from ``(seed, epoch, rank, worker, batch)``, so the same view of an image comes
+back on a rerun and after a mid-epoch resume. Every draw names the CPU (``device="cpu"``): after
+``torch.set_default_device("cuda")`` the draws still come from that seeded CPU generator, not from an
+unseeded CUDA one. A preset splits into :meth:`draw` (the random parameters of one image, a
+:class:`View`, from its size alone) and :meth:`apply`; ``preset(img)`` is ``apply(img, draw(h, w))``,
+so the training process can draw a batch's views on the host, in sample order, with the workers'
+generator, and apply them in one batched pass on a GPU (:mod:`.augment`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import torch
@@ -49,6 +56,7 @@ __all__ = [
     "ResizeCenterCrop",
     "ScaleCropFlipColor",
     "Transform",
+    "View",
     "preset",
 ]
 
@@ -61,6 +69,36 @@ _GRAY = np.array([0.2989, 0.587, 0.114])
 # AlexNet's PCA of ImageNet RGB pixels (values in [0, 1]), as used by fb.resnet.torch's Lighting.
 _PCA_EIGVAL = np.array([0.2175, 0.0188, 0.0045])
 _PCA_EIGVEC = np.array([[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]])
+
+
+class View(NamedTuple):
+    """The random parameters a preset drew for one image: what :meth:`apply` does to it.
+
+    Attributes:
+        top: First source row of the region resized to the output.
+        left: First source column of that region.
+        height: Its rows, in source pixels.
+        width: Its columns, in source pixels.
+        flip: Mirror the output left to right.
+        factors: Brightness, contrast and saturation factors (``"resnet"``), else ``None``.
+        order: The order of those three steps, a permutation of ``(0, 1, 2)``, else ``None``.
+        lighting: AlexNet's PCA lighting coefficients (``"resnet"``), else ``None``.
+
+    """
+
+    top: float
+    left: float
+    height: float
+    width: float
+    flip: bool = False
+    factors: tuple[float, float, float] | None = None
+    order: tuple[int, int, int] | None = None
+    lighting: tuple[float, float, float] | None = None
+
+
+def _uniform(n: int, generator: torch.Generator | None) -> list[float]:
+    """``n`` uniform draws from ``generator`` (default: torch's default CPU generator), on the CPU."""
+    return torch.rand(n, generator=generator, device="cpu").tolist()
 
 
 def preset(name: str, *, size: int = 224) -> Transform:
@@ -86,23 +124,17 @@ def _resize_region(
 ) -> torch.Tensor:
     """Resize ``img[:, top:top+height, left:left+width]`` to ``size`` x ``size`` (bilinear, antialias)."""
     region = img[None, :, top : top + height, left : left + width]
-    # The uint8 bilinear kernel is fastest on channels-last; this copy of the region pays for itself.
-    region = region.contiguous(memory_format=torch.channels_last)
-    on_cpu = region.device.type == "cpu"
-    # CUDA has no uint8 antialiased kernel: there the resize runs in float and rounds back, as
-    # torchvision's does.
-    out = interpolate(
-        region if on_cpu else region.float(),
-        size=(size, size),
-        mode="bilinear",
-        antialias=True,
-        align_corners=False,
+    interp = functools.partial(
+        interpolate, size=(size, size), mode="bilinear", antialias=True, align_corners=False
     )
-    return out[0] if on_cpu else out.round_().clamp_(0, 255).to(torch.uint8)[0]
-
-
-def _flip(img: torch.Tensor, draw: float) -> torch.Tensor:
-    return img.flip(-1) if draw < 0.5 else img
+    if region.device.type == "cpu":
+        # The uint8 bilinear kernel is fastest on channels-last; this copy of the region pays for itself.
+        return interp(region.contiguous(memory_format=torch.channels_last))[0]
+    # CUDA has no uint8 antialiased kernel: there the resize runs in float and rounds back, as
+    # torchvision's does. Its antialiased kernel reads planar (NCHW) memory: given channels-last it
+    # is slower, so the one copy the float conversion makes anyway is planar.
+    out = interp(region.to(torch.float32, memory_format=torch.contiguous_format))
+    return out.round_().clamp_(0, 255).to(torch.uint8)[0]
 
 
 class RandomResizedCropFlip:
@@ -141,11 +173,20 @@ class RandomResizedCropFlip:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
+    def draw(self, height: int, width: int, generator: torch.Generator | None = None) -> View:
+        """The crop box and flip of an image of ``height`` x ``width`` (23 draws from ``generator``)."""
+        draws = _uniform(23, generator)
+        top, left, h, w = self.crop_box(height, width, draws)
+        return View(top, left, h, w, flip=draws[22] < 0.5)
+
+    def apply(self, img: torch.Tensor, view: View) -> torch.Tensor:
+        """Resize ``view``'s box of ``img`` to ``size`` x ``size``, flipped if it says so."""
+        out = _resize_region(img, int(view.top), int(view.left), int(view.height), int(view.width), self.size)
+        return out.flip(-1) if view.flip else out
+
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         """Return a random crop of ``img`` resized to ``size`` x ``size``, flipped half the time."""
-        draws = torch.rand(23).tolist()
-        top, left, h, w = self.crop_box(img.shape[-2], img.shape[-1], draws)
-        return _flip(_resize_region(img, top, left, h, w, self.size), draws[22])
+        return self.apply(img, self.draw(img.shape[-2], img.shape[-1]))
 
 
 class ScaleCropFlipColor:
@@ -168,26 +209,53 @@ class ScaleCropFlipColor:
             f"lighting={self.lighting})"
         )
 
-    def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        """Return a random ``size`` x ``size`` view of ``img`` at a random scale, flipped and recoloured."""
-        height, width = img.shape[-2:]
-        draws = torch.rand(10).tolist()
+    def draw(self, height: int, width: int, generator: torch.Generator | None = None) -> View:
+        """The scale, crop, flip and colour of an image of ``height`` x ``width``.
+
+        10 uniform draws, then 3 normal ones for the lighting (none without lighting), from
+        ``generator``: the order in which the per-image preset has always drawn them.
+        """
+        draws = _uniform(10, generator)
         target = self.shorter[0] + int(draws[0] * (self.shorter[1] - self.shorter[0] + 1))
         # The size x size crop of the image resized to shorter side `target`, in source pixels.
         side = min(max(round(min(height, width) * self.size / target), 1), height, width)
         top, left = int(draws[1] * (height - side + 1)), int(draws[2] * (width - side + 1))
-        out = _resize_region(img, top, left, side, side, self.size)
-        out = self._color(out, draws[4:10])
-        return _flip(out, draws[3])
+        factors = tuple(1 + self.jitter * (2 * d - 1) for d in draws[4:7])  # brightness, contrast, saturation
+        order = tuple(sorted(range(3), key=lambda i: draws[7 + i]))  # a random order of the three steps
+        lighting = None
+        if self.lighting:
+            lighting = tuple(
+                (torch.randn(3, generator=generator, device="cpu").numpy() * self.lighting).tolist()
+            )
+        return View(top, left, side, side, draws[3] < 0.5, factors, order, lighting)  # type: ignore[arg-type]
 
-    def _color(self, img: torch.Tensor, draws: list[float]) -> torch.Tensor:
-        factors = [1 + self.jitter * (2 * d - 1) for d in draws[:3]]  # brightness, contrast, saturation
-        order = sorted(range(3), key=lambda i: draws[3 + i])  # a random permutation of the three steps
+    def apply(self, img: torch.Tensor, view: View) -> torch.Tensor:
+        """Resize ``view``'s box of ``img``, recolour it, flip it if ``view`` says so."""
+        out = _resize_region(img, int(view.top), int(view.left), int(view.height), int(view.width), self.size)
+        assert view.factors is not None and view.order is not None
+        lighting = np.array(view.lighting, dtype=np.float32) if view.lighting is not None else None
+        out = self._recolor(out, list(view.factors), list(view.order), lighting)
+        return out.flip(-1) if view.flip else out
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        """Return a random ``size`` x ``size`` view of ``img`` at a random scale, flipped and recoloured."""
+        return self.apply(img, self.draw(img.shape[-2], img.shape[-1]))
+
+    def _color(
+        self, img: torch.Tensor, draws: list[float], lighting: np.ndarray | None = None
+    ) -> torch.Tensor:
+        """Recolour ``img`` with the jitter given by 6 uniform draws (factors, then the order's keys)."""
+        factors = [1 + self.jitter * (2 * d - 1) for d in draws[:3]]
+        order = sorted(range(3), key=lambda i: draws[3 + i])
+        return self._recolor(img, factors, order, lighting)
+
+    def _recolor(
+        self, img: torch.Tensor, factors: list[float], order: list[int], lighting: np.ndarray | None
+    ) -> torch.Tensor:
         # y = A x + t, built step by step (3x3 numpy math on the CPU: torch's per-op overhead would
         # cost more than the pixels): brightness scales; contrast blends with the mean gray level;
         # saturation blends each pixel with its gray level.
         mean = img[:, ::2, ::2].float().mean(dim=(1, 2))
-        lighting = torch.randn(3).numpy() * self.lighting if self.lighting else None
         if img.device.type != "cpu":
             # On a GPU the mean stays there: the matrix is built on the device, no copy, no sync.
             weight, bias = _color_matrix_on_device(mean, factors, order, lighting)
@@ -264,6 +332,24 @@ class ResizeCenterCrop:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, resize={self.resize})"
+
+    def draw(self, height: int, width: int, generator: torch.Generator | None = None) -> View:
+        """The source region the centre crop of the resized image shows (no draws: ``generator`` unused).
+
+        Sizes and offsets as ``torchvision.transforms.v2.functional`` computes them (``resize``'s
+        shorter-side rule, ``center_crop``'s rounding), mapped back to source pixels.
+        """
+        if width <= height:
+            new_w, new_h = self.resize, int(self.resize * height / width)
+        else:
+            new_w, new_h = int(self.resize * width / height), self.resize
+        top, left = round((new_h - self.size) / 2.0), round((new_w - self.size) / 2.0)
+        sy, sx = height / new_h, width / new_w
+        return View(top * sy, left * sx, self.size * sy, self.size * sx)
+
+    def apply(self, img: torch.Tensor, view: View) -> torch.Tensor:
+        """Resize and centre-crop ``img`` (``view`` is implied by its size)."""
+        return self(img)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         """Return the centre ``size`` x ``size`` crop of ``img`` resized."""

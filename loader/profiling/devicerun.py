@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import DecoderStats
+from ..decoderstats import DecoderStats
 
 __all__ = ["DECODE_ON", "DeviceRun"]
 
@@ -23,7 +23,9 @@ class DeviceRun:
     the run decoded, the first and those decoded ahead included. ``peak_bytes`` is what the
     loader's own tensors took at their peak, ``bound_bytes`` what its design bounds that by;
     ``cuda_max_allocated`` is torch's peak of allocated GPU memory over the run (the bench's
-    process holds no model, so all of it is the loader's).
+    process holds no model, so all of it is the loader's), ``cuda_max_reserved`` the caching
+    allocator's peak reserve (what ``nvidia-smi`` shows of it, but nvjpeg's own buffers), and
+    ``fallbacks`` why images went to the CPU decoder.
     """
 
     device: str
@@ -34,6 +36,8 @@ class DeviceRun:
     peak_bytes: int
     bound_bytes: int
     cuda_max_allocated: int | None
+    cuda_max_reserved: int | None = None
+    fallbacks: dict[str, int] | None = None
 
     @classmethod
     def of(cls, stats: DecoderStats, device: torch.device) -> DeviceRun:
@@ -48,6 +52,8 @@ class DeviceRun:
             peak_bytes=stats.peak_bytes,
             bound_bytes=stats.bound_bytes,
             cuda_max_allocated=torch.cuda.max_memory_allocated(device) if cuda else None,
+            cuda_max_reserved=torch.cuda.max_memory_reserved(device) if cuda else None,
+            fallbacks=dict(stats.fallbacks),
         )
 
     @classmethod
@@ -55,6 +61,11 @@ class DeviceRun:
         """Add up the runs of one configuration (the halves of a bench's schedule)."""
         first = parts[0]
         peaks = [p.cuda_max_allocated for p in parts if p.cuda_max_allocated is not None]
+        reserved = [p.cuda_max_reserved for p in parts if p.cuda_max_reserved is not None]
+        fallbacks: dict[str, int] = {}
+        for p in parts:
+            for reason, n in (p.fallbacks or {}).items():
+                fallbacks[reason] = fallbacks.get(reason, 0) + n
         return cls(
             device=first.device,
             batches=sum(p.batches for p in parts),
@@ -64,6 +75,8 @@ class DeviceRun:
             peak_bytes=max(p.peak_bytes for p in parts),
             bound_bytes=max(p.bound_bytes for p in parts),
             cuda_max_allocated=max(peaks) if peaks else None,
+            cuda_max_reserved=max(reserved) if reserved else None,
+            fallbacks=fallbacks,
         )
 
     def ms_per_batch(self, stage: str) -> float:

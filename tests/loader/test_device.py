@@ -3,7 +3,7 @@
 ``decode_on="cpu"`` runs the code path ``decode_on="cuda"`` runs (raw batches from the workers, one
 batched ``decode_jpeg`` call per chunk, the presets, normalization), so these tests hold the logic
 to the worker path on any machine: the same batches, bit for bit, as ``to_device`` of the workers'
-batches. The CUDA tests at the end run only where torch sees a GPU.
+batches. The CUDA tests are in ``test_device_cuda.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from PIL import Image
 
 from imgshards.loader import ConfigError, CorruptImageError, DecodeOn, ShardDataset, make_loader, to_device
 from imgshards.loader.decode import jpeg_header
-from imgshards.loader.device import DeviceDecoder
 from imgshards.loader.presets import _color_matrix, _color_matrix_on_device
 
 CUDA = torch.cuda.is_available()
@@ -123,8 +122,9 @@ def test_fallbacks_and_a_corrupt_image_as_in_the_workers(packed_odd, transform):
     assert len(got) == 5 and sum(len(b.labels) for b in got) == 19
     assert ds.corrupt_skipped == 1
     assert any("skipped 1 image(s) that do not decode" in str(w.message) for w in caught)
-    # The PNG, the CMYK JPEG and the cut one went to the CPU decoder; the rest in batched calls.
-    assert loader.decoder is not None and loader.decoder.stats.cpu_fallback == 3
+    # The PNG, the CMYK, progressive and cut JPEGs went to the CPU decoder; the rest in batched calls.
+    assert loader.decoder is not None and loader.decoder.stats.cpu_fallback == 4
+    assert loader.decoder.stats.fallbacks == {"not a JPEG": 1, "CMYK": 1, "progressive": 1, "truncated": 1}
 
 
 def test_a_corrupt_image_raises_when_asked(packed_odd):
@@ -181,43 +181,11 @@ def test_decode_on_is_checked_when_the_dataset_is_built(packed_many):
         DecodeOn(device="cpu", dtype=torch.uint8)
     with pytest.raises(ConfigError, match="ahead >= 0"):
         DecodeOn(device="cpu", ahead=-1)
+    with pytest.raises(ConfigError, match="unknown augment 'fast'; expected 'batched', 'per_image' or None"):
+        DecodeOn(device="cpu", augment="fast")
     if not CUDA:
         with pytest.raises(ConfigError, match="torch sees no CUDA device; use decode_on='cpu'"):
             ShardDataset(packed_many, decode_on="cuda")
 
 
-# ---- on a GPU ------------------------------------------------------------------------------------
-
-
-@needs_cuda
-@pytest.mark.parametrize("transform", ["train", "resnet", "eval"])
-def test_cuda_gives_the_cpu_paths_batches_up_to_rounding(packed_many, transform):
-    mode = "eval" if transform == "eval" else "train"
-    kw = dict(batch_size=8, transform=transform, image_size=32, mode=mode)
-    cpu = device_batches(packed_many, **kw)
-    gpu = device_batches(packed_many, decode_on="cuda", **kw)
-    assert len(gpu) == len(cpu)
-    for x, y in zip(gpu, cpu, strict=True):
-        assert x.images.is_cuda and x.labels.is_cuda
-        assert torch.equal(x.labels.cpu(), y.labels)
-        # nvjpeg's IDCT and the float resize round differently from libjpeg-turbo and the uint8
-        # resize: a few levels of 255 at most per pixel, far less on average (same crops and flips).
-        diff = (x.images.cpu() - y.images).abs() * 0.226 * 255  # back to uint8 levels
-        assert diff.mean() < 2.0 and diff.max() < 40
-
-
-@needs_cuda
-def test_cuda_overlaps_on_a_side_stream_and_bounds_its_memory(packed_many):
-    config = DecodeOn(device="cuda", dtype=torch.bfloat16, channels_last=True, max_decoded_bytes=1 << 16)
-    ds = ShardDataset(packed_many, batch_size=16, image_size=32, decode_on=config)
-    loader = make_loader(ds, num_workers=2)
-    start = torch.cuda.memory_allocated()
-    for batch in loader:
-        assert batch.images.dtype == torch.bfloat16
-        assert batch.images.is_contiguous(memory_format=torch.channels_last)
-        assert (batch.images.float().mean() < 5).item()  # the step on this batch, on the default stream
-    decoder: DeviceDecoder = loader.decoder
-    stats = decoder.settle()
-    assert stats.batches == len(loader) and 0 < stats.peak_bytes <= stats.bound_bytes
-    assert stats.seconds["decode"] > 0 and stats.decode_calls > stats.batches
-    assert torch.cuda.memory_allocated() - start < stats.bound_bytes
+# The CUDA tests are in test_device_cuda.py.

@@ -9,8 +9,10 @@ import torchvision.transforms.v2 as v2
 import torchvision.transforms.v2.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.functional import conv2d
 
 from imgshards.loader import PRESETS, ConfigError, RandomResizedCropFlip, ScaleCropFlipColor, preset
+from imgshards.loader.presets import _color_matrix, _resize_region
 
 
 def photo(height: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -113,3 +115,32 @@ def test_randomness_comes_from_torchs_generator(name):
     if name != "eval":
         outs = {t(img).numpy().tobytes() for _ in range(5)}
         assert len(outs) > 1
+
+
+def _resnet_as_before(t: ScaleCropFlipColor, img: torch.Tensor) -> torch.Tensor:
+    """The resnet preset's ``__call__`` as it was before the draw/apply split (and its draws)."""
+    height, width = img.shape[-2:]
+    draws = torch.rand(10).tolist()
+    target = t.shorter[0] + int(draws[0] * (t.shorter[1] - t.shorter[0] + 1))
+    side = min(max(round(min(height, width) * t.size / target), 1), height, width)
+    top, left = int(draws[1] * (height - side + 1)), int(draws[2] * (width - side + 1))
+    out = _resize_region(img, top, left, side, side, t.size)
+    factors = [1 + t.jitter * (2 * d - 1) for d in draws[4:7]]
+    order = sorted(range(3), key=lambda i: draws[7 + i])
+    mean = out[:, ::2, ::2].float().mean(dim=(1, 2))
+    lighting = torch.randn(3).numpy() * t.lighting
+    weight, bias = _color_matrix(mean.numpy().astype(np.float64), factors, order, lighting)
+    out = conv2d(out[None].float(), weight, bias).clamp_(0, 255).to(torch.uint8)[0]
+    return out.flip(-1) if draws[3] < 0.5 else out
+
+
+def test_the_workers_presets_are_unchanged_bit_for_bit_by_the_draw_apply_split():
+    t = ScaleCropFlipColor(64)
+    for seed, shape in enumerate([(300, 400), (64, 48), (500, 333)]):
+        img = photo(*shape, seed=seed)
+        torch.manual_seed(seed)
+        expected = _resnet_as_before(t, img)
+        torch.manual_seed(seed)
+        assert torch.equal(t(img), expected)
+        # The same draws from a generator of one's own, as the training process makes them.
+        assert torch.equal(t.apply(img, t.draw(*shape, torch.Generator().manual_seed(seed))), expected)
