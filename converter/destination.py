@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,14 @@ from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from .plan import Plan
 from .scan import ScanResult
+from .splits import SPLIT_CHARS
 from .write import ShardRecord, write_atomic
 
 __all__ = [
     "REJECTS_DIR",
     "STATE_DIR",
     "check_classes",
+    "claim",
     "clear_split",
     "locked",
     "prepare",
@@ -41,13 +44,63 @@ REJECTS_DIR = f"{STATE_DIR}/rejects"
 
 @contextlib.contextmanager
 def locked(path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path``; the kernel drops it if the process dies."""
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DestinationError(busy) from None
-        yield
+    """Hold an exclusive ``flock`` on ``path``; the kernel drops it if the process dies.
+
+    The lock file may be removed by its holder (:func:`claim`); a process that opened it just
+    before then holds a lock on a file no longer there, so it checks, after locking, that the file
+    it locked is still the one under ``path``, and opens it anew if not.
+    """
+    while True:
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DestinationError(busy) from None
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                continue
+            if current != os.fstat(f.fileno()).st_ino:
+                continue
+            yield
+            return
+
+
+@contextlib.contextmanager
+def claim(dst: Path, splits: Sequence[str]) -> Iterator[None]:
+    """Create the state folders of ``splits`` in ``dst`` and lock each for this run.
+
+    A run that fails before it planned a split (a refusal: a conflicting destination, a bad source)
+    leaves ``dst`` as it found it: no lock file, and no folder it created (``dst`` included).
+
+    Raises:
+        DestinationError: ``dst`` cannot be created, or another ``pack`` is writing one of ``splits``.
+
+    """
+    states = [dst / STATE_DIR / name for name in sorted(splits)]
+    fresh = [p for p in (dst, dst / STATE_DIR, *states) if not p.exists()]
+    try:
+        for state in states:
+            state.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DestinationError(f"cannot create destination {dst}: {e.strerror}") from e
+    try:
+        with contextlib.ExitStack() as locks:
+            for state in states:
+                busy = f"another `imgshards pack` is writing split {state.name!r} into {dst}"
+                locks.enter_context(locked(state / "lock", busy))
+            try:
+                yield
+            except BaseException:
+                for state in states:  # still holding its lock: see locked()
+                    if [p.name for p in state.iterdir()] == ["lock"]:
+                        (state / "lock").unlink()
+                raise
+    except BaseException:
+        for folder in reversed(fresh):
+            with contextlib.suppress(OSError):  # not empty: this run wrote something worth keeping
+                folder.rmdir()
+        raise
 
 
 def check_classes(dst: Path, splits: tuple[str, ...], scan: ScanResult) -> None:
@@ -92,7 +145,21 @@ def in_index(dst: Path, split: str) -> bool:
 
 def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
     if previous is None:
-        what = f"{len(leftovers)} shards of split {split!r} not made by an interrupted run of this command"
+        n = len(leftovers)
+        shards = f"{n} shard{'s' if n != 1 else ''}"
+        what = f"{shards} of split {split!r} not made by an interrupted run of this command"
+    elif previous["args"].get("source") != wanted["args"].get("source"):
+        # Another tree into a split already there: most likely the next split of the dataset
+        # (`pack photos/val DST` after `pack photos/train DST`), packed without --split.
+        source = Path(str(wanted["args"].get("source")))
+        name = (
+            source.name if source.name and set(source.name) <= SPLIT_CHARS and source.name != split else None
+        )
+        return (
+            f"{dst} already holds split {split!r}, packed from {previous['args'].get('source')}; to pack "
+            f"{source} as another split beside it, pass {f'--split {name}' if name else '--split NAME'} "
+            f"(--overwrite would replace split {split!r} with it)"
+        )
     elif previous["args"] != wanted["args"]:
         diff = [
             f"{k} {previous['args'].get(k)!r} -> {v!r}"

@@ -33,6 +33,7 @@ as a class id or a class name (:class:`LabelSource`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -327,29 +328,69 @@ def read_manifest(
     path = local_path(root)
     if path.is_dir():
         path = path / INDEX_NAME
+    elif path.is_file() and path.suffix != ".json":
+        raise ManifestError(_not_a_dataset(path))
     try:
         with open_regular(path) as f:  # not a FIFO (would block) or a device (would not end)
             raw = f.read(MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
-        raise ManifestError(
-            f"no {INDEX_NAME} at {path}: not a packed dataset, or `imgshards pack` has not finished there"
-        ) from None
+        raise ManifestError(_no_index(path)) from None
     except OSError as e:
         raise ManifestError(f"cannot read {path}: {e.strerror or e}") from e
     return Manifest.from_json(parse_index(raw, str(path)), where=str(path))
 
 
+def _not_a_dataset(path: Path) -> str:
+    """The message for a file given where a dataset's directory (or its index) was expected."""
+    what = "a shard" if path.suffix == ".tar" else "a file"
+    return (
+        f"{path} is {what}, not a packed dataset: give the dataset's directory, the one that holds "
+        f"{INDEX_NAME} (here probably {path.parent})"
+    )
+
+
+def _no_index(path: Path) -> str:
+    """Why a local dataset has no index, and the command to run next."""
+    folder = path.parent
+    if not folder.exists():
+        return f"{folder} does not exist: check the path (it should be the directory `imgshards pack` wrote)"
+    if not folder.is_dir():
+        return f"{folder} is not a directory: give the directory that holds {INDEX_NAME}"
+    if (folder / ".imgshards").is_dir():
+        return (
+            f"no {INDEX_NAME} in {folder}: `imgshards pack` has not finished there; run the same pack "
+            "command again, it resumes from the shards already written"
+        )
+    with contextlib.suppress(OSError):
+        shards = sum(1 for p in folder.glob("*.tar") if p.is_file())
+        if shards:
+            return (
+                f"no {INDEX_NAME} in {folder}, which holds {shards} .tar file{'s' if shards != 1 else ''}: "
+                f"if another tool wrote these shards, run `imgshards index {folder}` once (per split: "
+                "--split NAME --shards 'GLOB') to read them as a dataset"
+            )
+    return f"no {INDEX_NAME} in {folder}: not a packed dataset; make one with `imgshards pack SRC {folder}`"
+
+
 def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest:
     from fsspec.core import url_to_fs  # only for URLs: the converter needs no fsspec otherwise
 
+    if url.rstrip("/").endswith(".tar"):
+        shard = url.rstrip("/")
+        raise ManifestError(
+            f"{shard} is a shard, not a packed dataset: give the dataset's URL, the one that holds "
+            f"{INDEX_NAME} (here probably {shard.rsplit('/', 1)[0]})"
+        )
     index_url = url if url.endswith(".json") else f"{url.rstrip('/')}/{INDEX_NAME}"
     try:
         fs, path = url_to_fs(index_url, **storage_options)
         raw = fs.cat_file(path, start=0, end=MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
+        base = index_url.rsplit("/", 1)[0]
         raise ManifestError(
-            f"no {INDEX_NAME} at {index_url}: not a packed dataset, "
-            "or `imgshards pack` has not finished there"
+            f"no {INDEX_NAME} at {index_url}: not a packed dataset, or `imgshards pack` has not "
+            f"finished there (run it again: it resumes); for shards another tool wrote, run "
+            f"`imgshards index {base}`"
         ) from None
     except ImportError as e:  # fsspec names the package its protocol needs
         raise ManifestError(f"cannot read {index_url}: {e}") from e

@@ -34,6 +34,7 @@ from .destination import (
     REJECTS_DIR,
     STATE_DIR,
     check_classes,
+    claim,
     locked,
     prepare,
     recorded,
@@ -91,17 +92,10 @@ def pack(
         raise SourceError(f"source directory {src_path} does not exist or is not a directory")
     listed = read_split_file(config.split_file) if config.split_file is not None else None
     names = _split_names(config, listed)
-    try:
-        for name in names:
-            (dst_path / STATE_DIR / name).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
     counter = shared_counter()
     planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
     with contextlib.ExitStack() as locks:
-        for name in sorted(names):
-            busy = f"another `imgshards pack` is writing split {name!r} into {dst_path}"
-            locks.enter_context(locked(dst_path / STATE_DIR / name / "lock", busy))
+        locks.enter_context(claim(dst_path, names))  # a refused run leaves no lock behind
         locks.enter_context(explained(dst_path, sorted(names), planned))
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})

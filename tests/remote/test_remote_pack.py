@@ -80,7 +80,7 @@ def test_a_killed_upload_resumes_to_the_same_shards(s3, remote_tree, remote_pack
     url = f"{bucket}/killed"
     opts = [f"-o{k}={v}" for k, v in options.items()]
     cmd = [sys.executable, "-m", "imgshards.cli", "pack", str(remote_tree), url, *opts, "--no-progress"]
-    cmd += ["--shard-size", str(SHARD_SIZE), "--workers", "1", "--check", "full"]
+    cmd += ["--shard-size", f"{SHARD_SIZE}B", "--workers", "1", "--check", "full"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     records: list[str] = []
