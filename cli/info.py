@@ -26,7 +26,8 @@ def info(dst: Path | str, as_json: bool, storage_options: dict[str, object]) -> 
     if as_json:
         click.echo(json.dumps(manifest.to_json(), indent=1))
         return
-    click.echo(f"{dst}: {plural(len(manifest.classes), 'class', 'classes')}")
+    names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
+    click.echo(f"{dst}: {plural(len(manifest.classes), 'class', 'classes')} ({names})")
     for name, split in sorted(manifest.splits.items()):
         sizes = [s.bytes for s in split.shards]
         click.echo(

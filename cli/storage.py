@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from imgshards.converter.manifest import is_url
+from imgshards.converter.manifest import is_url, url_typo
 
 __all__ = ["PathOrURL", "join", "storage_option"]
 
@@ -28,6 +28,9 @@ class PathOrURL(click.ParamType):
         """Return a URL as it is (``click.Path`` would fold its ``//``), a path as a ``Path``."""
         if isinstance(value, str) and is_url(value):
             return value.rstrip("/")
+        meant = url_typo(value)
+        if meant is not None:
+            self.fail(f"{value!r} is a URL with a slash missing; write {meant}", param, ctx)
         return self._path.convert(value, param, ctx)
 
 

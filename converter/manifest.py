@@ -305,6 +305,30 @@ def is_url(root: object) -> bool:
     return isinstance(root, str) and "://" in root and not root.startswith("file://")
 
 
+# Schemes of fsspec's common file systems, to catch a URL with a slash missing (``s3:/bucket``).
+_SCHEMES = frozenset(
+    {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "file", "ftp"}
+    | {"sftp", "ssh", "hdfs", "webhdfs", "oci", "oss", "r2", "memory", "github", "dbfs"}
+)
+
+
+def url_typo(root: object) -> str | None:
+    """If ``root`` reads as a URL with a slash missing (``s3:/bucket/x``, ``gs:bucket``), the URL meant.
+
+    Such a string is a valid local path (``./s3:/bucket/x``), so without this check ``pack`` would
+    write into a local folder named ``s3:``.
+    """
+    if not isinstance(root, (str, os.PathLike)):
+        return None
+    text = os.fspath(root)
+    if not isinstance(text, str) or "://" in text:
+        return None
+    scheme, colon, rest = text.partition(":")
+    if not colon or scheme.lower() not in _SCHEMES:
+        return None
+    return f"{scheme}://{rest.lstrip('/')}"
+
+
 def local_path(root: str | os.PathLike[str]) -> Path:
     """A local path, ``file://`` prefix removed."""
     text = os.fspath(root)
@@ -326,6 +350,10 @@ def read_manifest(
     if is_url(root):
         return _read_manifest_url(str(root), storage_options or {})
     path = local_path(root)
+    if not os.path.lexists(path):
+        raise ManifestError(
+            f"{path} does not exist: check the path (a dataset is the directory `imgshards pack` wrote)"
+        )
     if path.is_dir():
         path = path / INDEX_NAME
     elif path.is_file() and path.suffix != ".json":
@@ -352,10 +380,8 @@ def _not_a_dataset(path: Path) -> str:
 def _no_index(path: Path) -> str:
     """Why a local dataset has no index, and the command to run next."""
     folder = path.parent
-    if not folder.exists():
-        return f"{folder} does not exist: check the path (it should be the directory `imgshards pack` wrote)"
-    if not folder.is_dir():
-        return f"{folder} is not a directory: give the directory that holds {INDEX_NAME}"
+    if path.name != INDEX_NAME or not folder.is_dir():  # an index file named outright, or a race
+        return f"{path} does not exist: check the path"
     if (folder / ".imgshards").is_dir():
         return (
             f"no {INDEX_NAME} in {folder}: `imgshards pack` has not finished there; run the same pack "

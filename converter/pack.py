@@ -45,12 +45,12 @@ from .destination import (
 from .errors import DestinationError, SourceError, SplitFileError
 from .failures import explained
 from .formats import main_format
-from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest, url_typo
 from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
-from .scan import Reject, ScanResult, scan_tree
+from .scan import Reject, ScanResult, scan_tree, tree_warnings
 from .splits import Part, read_split_file, split_by_file, split_stratified, whole
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, ShardTask, gather, write_atomic, write_shard
@@ -77,7 +77,8 @@ def pack(
     ``dst`` is a local directory; :func:`~imgshards.converter.pack_to_url` packs to a URL.
 
     Raises:
-        SourceError: ``src`` is not a usable ImageFolder tree, or a split of it would be empty.
+        SourceError: ``src`` is not a usable ImageFolder tree, or a split of it would be empty, or
+            (``config.strict``) it looks like the wrong folder (:func:`~.scan.tree_warnings`).
         SplitFileError: ``config.split_file`` is unusable.
         DestinationError: ``dst`` holds a conflicting pack (other arguments, tree or classes), or
             another ``pack`` is writing the same split there.
@@ -85,11 +86,16 @@ def pack(
     """
     config = config or PackConfig()
     started = time.perf_counter()
+    if (meant := url_typo(dst)) is not None:  # else a local folder named "s3:" would be made
+        raise DestinationError(f"{os.fspath(dst)} is a URL with a slash missing; write {meant}")
     src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
     if dst_path == src_path or src_path in dst_path.parents:
         raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
     if not src_path.is_dir():
         raise SourceError(f"source directory {src_path} does not exist or is not a directory")
+    suspicious = tree_warnings(src_path)
+    if config.strict and suspicious:
+        raise SourceError(f"refused (strict): {suspicious[0]}")
     listed = read_split_file(config.split_file) if config.split_file is not None else None
     names = _split_names(config, listed)
     counter = shared_counter()
@@ -132,6 +138,7 @@ def pack(
         time.perf_counter() - started,
         splits=names,
         read_order=order.value,
+        warnings=suspicious,
     )
 
 

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
-from .errors import DestinationError, ManifestError
+from .errors import DestinationError, ImgshardsError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
@@ -60,6 +60,8 @@ _ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az
 _UPLOAD_THREADS = 4
 _UPLOAD_ATTEMPTS = 4
 _READ_BLOCK = 8 << 20
+# The destination check on S3 (botocore's config): a dead endpoint fails in seconds, not after retries.
+_FAST_S3 = {"connect_timeout": 3, "read_timeout": 15, "retries": {"max_attempts": 1, "mode": "standard"}}
 T = TypeVar("T")
 
 
@@ -84,7 +86,8 @@ def pack_to_url(
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree.
-        DestinationError: ``url`` holds a conflicting pack, or an upload kept failing.
+        DestinationError: ``url`` cannot be reached or used (no such bucket, no credentials, no
+            access: checked first, in seconds), holds a conflicting pack, or an upload kept failing.
 
     """
     config = config or PackConfig()
@@ -94,11 +97,12 @@ def pack_to_url(
             "and upload it, or split the tree and pack each split with --split"
         )
     remote = _Remote(url, storage_options or {})
+    remote.check()  # in a second or two, before the tree is read: unreachable, no bucket, no access
     own_staging = staging is None
     stage = Path(tempfile.mkdtemp(prefix="imgshards-pack-")) if staging is None else Path(staging)
     stage.mkdir(parents=True, exist_ok=True)
     try:
-        with _Uploader(remote, stage, config) as uploader:
+        with _start_upload(remote, stage, config) as uploader:
             try:
                 result = pack(
                     src, stage, config, hooks=PackHooks(stored=uploader.stored, on_shard=uploader.upload)
@@ -155,6 +159,27 @@ def write_index_url(
     remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
 
 
+def _start_upload(remote: _Remote, stage: Path, config: PackConfig) -> _Uploader:
+    """Start the uploader, which reads the destination's state first.
+
+    An error of the file system there (the network went away since :meth:`_Remote.check`) becomes
+    one line, not a traceback.
+    """
+    try:
+        return _Uploader(remote, stage, config)
+    except ImgshardsError:
+        raise
+    except Exception as e:  # botocore, aiohttp...: the file system's own errors
+        raise DestinationError(
+            f"cannot read the state of {remote.url}: {type(e).__name__}: {_one_line(e)}; "
+            "check the network, then run the same command again"
+        ) from e
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
 class _Remote:
     """The destination's file system and root, with atomic uploads and retried calls."""
 
@@ -162,13 +187,64 @@ class _Remote:
         from fsspec.core import url_to_fs
 
         self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options)
         try:
             self.fs, root = url_to_fs(self.url, **storage_options)
         except ImportError as e:  # fsspec names the package the protocol needs
             raise DestinationError(f"cannot use {url}: {e}") from e
+        except Exception as e:  # an unknown protocol (a typo), an option the file system refuses
+            raise DestinationError(f"cannot use {url}: {type(e).__name__}: {_one_line(e)}") from e
         self.root = root.rstrip("/")
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.protocols = frozenset(protocols)
         self.atomic_put = bool(_ATOMIC_PUT.intersection(protocols))
+
+    def check(self) -> None:
+        """Fail in one line, within seconds, if the destination's bucket cannot be reached or used.
+
+        An object store's bucket (the URL's first part) is looked up once; on S3 with a short
+        connect timeout and no retries, where the pack's own calls retry for many seconds. Other
+        file systems are left to their first call.
+
+        Raises:
+            DestinationError: the endpoint is unreachable, the bucket is missing, no credentials
+                were found, or access is denied; the message says which.
+
+        """
+        if not self.atomic_put:
+            return
+        bucket = self.root.split("/", 1)[0]
+        fs = self.fs
+        if self.protocols & {"s3", "s3a"}:
+            from fsspec.core import url_to_fs
+
+            config = {**(self.storage_options.get("config_kwargs") or {}), **_FAST_S3}
+            fs, _ = url_to_fs(self.url, **{**self.storage_options, "config_kwargs": config})
+        endpoint = self.storage_options.get("endpoint_url")
+        at = f" at {endpoint}" if endpoint else ""
+        try:
+            fs.info(bucket)
+        except FileNotFoundError:
+            raise DestinationError(
+                f"bucket {bucket!r} of {self.url} does not exist{at}: create it first, or fix the URL"
+            ) from None
+        except PermissionError as e:
+            raise DestinationError(
+                f"access to bucket {bucket!r} of {self.url} is denied{at} ({_one_line(e)}): check the "
+                "credentials and their permissions on the bucket"
+            ) from None
+        except Exception as e:  # the file system's own errors: botocore, aiohttp, google.auth...
+            name = type(e).__name__
+            if "Credentials" in name or "DefaultCredentials" in name:
+                raise DestinationError(
+                    f"no credentials for {self.url}: set them as the cloud SDK reads them (for S3: "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass "
+                    "them as storage options (imgshards: -o key=... -o secret=...)"
+                ) from None
+            raise DestinationError(
+                f"cannot reach {self.url}{at}: {name}: {_one_line(e)}; check the network and the "
+                "endpoint (storage option endpoint_url; imgshards: -o endpoint_url=URL)"
+            ) from None
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
