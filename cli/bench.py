@@ -52,7 +52,7 @@ def _cpus() -> int:
 
 
 @click.command()
-@click.argument("dst", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--split", default="train", show_default=True, help="Split to read.")
 @click.option(
     "--preset", type=click.Choice(PRESETS), default="train", show_default=True, help="Augmentation."

@@ -17,7 +17,7 @@ __all__ = ["info"]
 
 
 @click.command()
-@click.argument("dst", type=PathOrURL())
+@click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole index as JSON.")
 @storage_option
 def info(dst: Path | str, as_json: bool, storage_options: dict[str, object]) -> None:

@@ -17,12 +17,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PathOrURL(click.ParamType):
-    """A local directory (as ``click.Path(file_okay=False)``) or an fsspec URL, kept as a string."""
+    """A local directory (as ``click.Path``) or an fsspec URL, kept as a string.
+
+    With ``file_okay``, a file passes too, for the command to say what it is (``info`` on a shard
+    asks for the dataset's directory; on an ``index.json``, reads it).
+    """
 
     name = "path_or_url"
 
-    def __init__(self) -> None:
-        self._path = click.Path(path_type=Path, file_okay=False)
+    def __init__(self, *, file_okay: bool = False) -> None:
+        self._path = click.Path(path_type=Path, file_okay=file_okay)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
         """Return a URL as it is (``click.Path`` would fold its ``//``), a path as a ``Path``."""

@@ -18,7 +18,7 @@ __all__ = ["verify"]
 
 
 @click.command()
-@click.argument("dst", type=PathOrURL())
+@click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--split", "splits", multiple=True, help="Verify only this split (repeatable).")
 @click.option(
     "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
