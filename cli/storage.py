@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from imgshards.converter.manifest import is_url, url_typo
+from imgshards.converter.locate import is_url, url_typo
 
 __all__ = ["PathOrURL", "join", "storage_option"]
 

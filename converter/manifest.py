@@ -33,15 +33,14 @@ as a class id or a class name (:class:`LabelSource`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
+from .locate import INDEX_NAME, is_url, local_path, no_index, not_a_dataset
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -64,7 +63,6 @@ __all__ = [
 
 FORMAT_NAME = "imgshards"
 FORMAT_VERSION = 1
-INDEX_NAME = "index.json"
 TIMM_INFO_NAME = "_info.json"
 _MAX_LABEL_DIGITS = 20
 _MAX_LABEL_BYTES = 4096  # a class name in .cls: as long as a class name may be
@@ -297,44 +295,6 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
     )
 
 
-def is_url(root: object) -> bool:
-    """Whether ``root`` is a URL read through fsspec (``s3://``, ``gs://``, ``https://``...), not a path.
-
-    ``file://`` URLs count as local paths.
-    """
-    return isinstance(root, str) and "://" in root and not root.startswith("file://")
-
-
-# Schemes of fsspec's common file systems, to catch a URL with a slash missing (``s3:/bucket``).
-_SCHEMES = frozenset(
-    {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "file", "ftp"}
-    | {"sftp", "ssh", "hdfs", "webhdfs", "oci", "oss", "r2", "memory", "github", "dbfs"}
-)
-
-
-def url_typo(root: object) -> str | None:
-    """If ``root`` reads as a URL with a slash missing (``s3:/bucket/x``, ``gs:bucket``), the URL meant.
-
-    Such a string is a valid local path (``./s3:/bucket/x``), so without this check ``pack`` would
-    write into a local folder named ``s3:``.
-    """
-    if not isinstance(root, (str, os.PathLike)):
-        return None
-    text = os.fspath(root)
-    if not isinstance(text, str) or "://" in text:
-        return None
-    scheme, colon, rest = text.partition(":")
-    if not colon or scheme.lower() not in _SCHEMES:
-        return None
-    return f"{scheme}://{rest.lstrip('/')}"
-
-
-def local_path(root: str | os.PathLike[str]) -> Path:
-    """A local path, ``file://`` prefix removed."""
-    text = os.fspath(root)
-    return Path(text[len("file://") :] if text.startswith("file://") else text)
-
-
 def read_manifest(
     root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
 ) -> Manifest:
@@ -357,45 +317,15 @@ def read_manifest(
     if path.is_dir():
         path = path / INDEX_NAME
     elif path.is_file() and path.suffix != ".json":
-        raise ManifestError(_not_a_dataset(path))
+        raise ManifestError(not_a_dataset(path))
     try:
         with open_regular(path) as f:  # not a FIFO (would block) or a device (would not end)
             raw = f.read(MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
-        raise ManifestError(_no_index(path)) from None
+        raise ManifestError(no_index(path)) from None
     except OSError as e:
         raise ManifestError(f"cannot read {path}: {e.strerror or e}") from e
     return Manifest.from_json(parse_index(raw, str(path)), where=str(path))
-
-
-def _not_a_dataset(path: Path) -> str:
-    """The message for a file given where a dataset's directory (or its index) was expected."""
-    what = "a shard" if path.suffix == ".tar" else "a file"
-    return (
-        f"{path} is {what}, not a packed dataset: give the dataset's directory, the one that holds "
-        f"{INDEX_NAME} (here probably {path.parent})"
-    )
-
-
-def _no_index(path: Path) -> str:
-    """Why a local dataset has no index, and the command to run next."""
-    folder = path.parent
-    if path.name != INDEX_NAME or not folder.is_dir():  # an index file named outright, or a race
-        return f"{path} does not exist: check the path"
-    if (folder / ".imgshards").is_dir():
-        return (
-            f"no {INDEX_NAME} in {folder}: `imgshards pack` has not finished there; run the same pack "
-            "command again, it resumes from the shards already written"
-        )
-    with contextlib.suppress(OSError):
-        shards = sum(1 for p in folder.glob("*.tar") if p.is_file())
-        if shards:
-            return (
-                f"no {INDEX_NAME} in {folder}, which holds {shards} .tar file{'s' if shards != 1 else ''}: "
-                f"if another tool wrote these shards, run `imgshards index {folder}` once (per split: "
-                "--split NAME --shards 'GLOB') to read them as a dataset"
-            )
-    return f"no {INDEX_NAME} in {folder}: not a packed dataset; make one with `imgshards pack SRC {folder}`"
 
 
 def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest:

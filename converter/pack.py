@@ -45,7 +45,8 @@ from .destination import (
 from .errors import DestinationError, SourceError, SplitFileError
 from .failures import explained
 from .formats import main_format
-from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest, url_typo
+from .locate import url_typo
+from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order

@@ -36,33 +36,27 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
 from .errors import DestinationError, ImgshardsError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
+from .remotefs import Remote, one_line
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
 __all__ = ["pack_to_url", "verify_url", "write_index_url"]
 
-# Protocols whose PUT is atomic (a partial object never appears under the final name).
-_ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
 _UPLOAD_THREADS = 4
-_UPLOAD_ATTEMPTS = 4
 _READ_BLOCK = 8 << 20
-# The destination check on S3 (botocore's config): a dead endpoint fails in seconds, not after retries.
-_FAST_S3 = {"connect_timeout": 3, "read_timeout": 15, "retries": {"max_attempts": 1, "mode": "standard"}}
-T = TypeVar("T")
 
 
 def pack_to_url(
@@ -96,7 +90,7 @@ def pack_to_url(
             f"cannot pack several splits into a URL ({url}) in one run yet: pack into a local directory "
             "and upload it, or split the tree and pack each split with --split"
         )
-    remote = _Remote(url, storage_options or {})
+    remote = Remote(url, storage_options or {})
     remote.check()  # in a second or two, before the tree is read: unreachable, no bucket, no access
     own_staging = staging is None
     stage = Path(tempfile.mkdtemp(prefix="imgshards-pack-")) if staging is None else Path(staging)
@@ -129,7 +123,7 @@ def verify_url(
         ManifestError: the index is missing or unreadable.
 
     """
-    remote = _Remote(url, storage_options or {})
+    remote = Remote(url, storage_options or {})
     manifest = read_manifest(url, storage_options=storage_options)
     jobs = shard_jobs(manifest, splits)
     num_classes = len(manifest.classes)
@@ -154,15 +148,15 @@ def write_index_url(
         DestinationError: a write kept failing.
 
     """
-    remote = _Remote(url, storage_options or {})
+    remote = Remote(url, storage_options or {})
     remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
     remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
 
 
-def _start_upload(remote: _Remote, stage: Path, config: PackConfig) -> _Uploader:
+def _start_upload(remote: Remote, stage: Path, config: PackConfig) -> _Uploader:
     """Start the uploader, which reads the destination's state first.
 
-    An error of the file system there (the network went away since :meth:`_Remote.check`) becomes
+    An error of the file system there (the network went away since :meth:`Remote.check`) becomes
     one line, not a traceback.
     """
     try:
@@ -171,144 +165,15 @@ def _start_upload(remote: _Remote, stage: Path, config: PackConfig) -> _Uploader
         raise
     except Exception as e:  # botocore, aiohttp...: the file system's own errors
         raise DestinationError(
-            f"cannot read the state of {remote.url}: {type(e).__name__}: {_one_line(e)}; "
+            f"cannot read the state of {remote.url}: {type(e).__name__}: {one_line(e)}; "
             "check the network, then run the same command again"
         ) from e
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300]
-
-
-class _Remote:
-    """The destination's file system and root, with atomic uploads and retried calls."""
-
-    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
-        from fsspec.core import url_to_fs
-
-        self.url = url.rstrip("/")
-        self.storage_options = dict(storage_options)
-        try:
-            self.fs, root = url_to_fs(self.url, **storage_options)
-        except ImportError as e:  # fsspec names the package the protocol needs
-            raise DestinationError(f"cannot use {url}: {e}") from e
-        except Exception as e:  # an unknown protocol (a typo), an option the file system refuses
-            raise DestinationError(f"cannot use {url}: {type(e).__name__}: {_one_line(e)}") from e
-        self.root = root.rstrip("/")
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        self.protocols = frozenset(protocols)
-        self.atomic_put = bool(_ATOMIC_PUT.intersection(protocols))
-
-    def check(self) -> None:
-        """Fail in one line, within seconds, if the destination's bucket cannot be reached or used.
-
-        An object store's bucket (the URL's first part) is looked up once; on S3 with a short
-        connect timeout and no retries, where the pack's own calls retry for many seconds. Other
-        file systems are left to their first call.
-
-        Raises:
-            DestinationError: the endpoint is unreachable, the bucket is missing, no credentials
-                were found, or access is denied; the message says which.
-
-        """
-        if not self.atomic_put:
-            return
-        bucket = self.root.split("/", 1)[0]
-        fs = self.fs
-        if self.protocols & {"s3", "s3a"}:
-            from fsspec.core import url_to_fs
-
-            config = {**(self.storage_options.get("config_kwargs") or {}), **_FAST_S3}
-            fs, _ = url_to_fs(self.url, **{**self.storage_options, "config_kwargs": config})
-        endpoint = self.storage_options.get("endpoint_url")
-        at = f" at {endpoint}" if endpoint else ""
-        try:
-            fs.info(bucket)
-        except FileNotFoundError:
-            raise DestinationError(
-                f"bucket {bucket!r} of {self.url} does not exist{at}: create it first, or fix the URL"
-            ) from None
-        except PermissionError as e:
-            raise DestinationError(
-                f"access to bucket {bucket!r} of {self.url} is denied{at} ({_one_line(e)}): check the "
-                "credentials and their permissions on the bucket"
-            ) from None
-        except Exception as e:  # the file system's own errors: botocore, aiohttp, google.auth...
-            name = type(e).__name__
-            if "Credentials" in name or "DefaultCredentials" in name:
-                raise DestinationError(
-                    f"no credentials for {self.url}: set them as the cloud SDK reads them (for S3: "
-                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass "
-                    "them as storage options (imgshards: -o key=... -o secret=...)"
-                ) from None
-            raise DestinationError(
-                f"cannot reach {self.url}{at}: {name}: {_one_line(e)}; check the network and the "
-                "endpoint (storage option endpoint_url; imgshards: -o endpoint_url=URL)"
-            ) from None
-
-    def path(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
-    def sizes(self, folder: str = "") -> dict[str, int]:
-        """Name -> size of the files directly in ``folder`` (relative to the root); {} if none."""
-        path = self.path(folder).rstrip("/")
-        self.fs.invalidate_cache(path)
-        try:
-            entries = self.fs.ls(path, detail=True)
-        except FileNotFoundError:
-            return {}
-        return {
-            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
-            for e in entries
-            if e.get("type") != "directory"
-        }
-
-    def read(self, name: str) -> bytes | None:
-        try:
-            return bytes(self._retry(f"read {name}", lambda: self.fs.cat_file(self.path(name))))
-        except FileNotFoundError:
-            return None
-
-    def put_file(self, local: Path, name: str) -> None:
-        """Upload ``local`` to ``name`` so that no partial file ever shows under that name."""
-        final = self.path(name)
-        if self.atomic_put:
-            self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), final))
-            return
-        folder, _, base = name.rpartition("/")
-        tmp = self.path(f"{folder}/.{base}.partial" if folder else f".{base}.partial")
-        self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
-        self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
-
-    def put_bytes(self, name: str, data: bytes) -> None:
-        with tempfile.NamedTemporaryFile(prefix="imgshards-upload-") as f:
-            f.write(data)
-            f.flush()
-            self.put_file(Path(f.name), name)
-
-    def remove(self, names: list[str]) -> None:
-        if names:
-            self._retry("remove", lambda: self.fs.rm([self.path(n) for n in names]))
-
-    def _retry(self, what: str, call: Callable[[], T]) -> T:
-        for attempt in range(1, _UPLOAD_ATTEMPTS + 1):
-            try:
-                return call()
-            except (FileNotFoundError, PermissionError):
-                raise
-            except Exception as e:  # the file system's own errors (botocore, aiohttp...): retried
-                if attempt == _UPLOAD_ATTEMPTS:
-                    raise DestinationError(
-                        f"cannot {what} at {self.url} after {attempt} tries: {type(e).__name__}: {e}"
-                    ) from e
-                time.sleep(0.5 * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
 
 
 class _Uploader:
     """Mirrors the remote pack state into staging, uploads shards as pack commits them, then the index."""
 
-    def __init__(self, remote: _Remote, stage: Path, config: PackConfig) -> None:
+    def __init__(self, remote: Remote, stage: Path, config: PackConfig) -> None:
         self.remote, self.stage, self.split = remote, stage, config.split
         self.state = f"{STATE_DIR}/{config.split}"
         self.pool = ThreadPoolExecutor(_UPLOAD_THREADS, thread_name_prefix="imgshards-upload")
