@@ -94,7 +94,7 @@ def pack(
         raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
     if not src_path.is_dir():
         raise SourceError(f"source directory {src_path} does not exist or is not a directory")
-    suspicious = tree_warnings(src_path)
+    suspicious = tree_warnings(src, dst=os.fspath(dst))  # the paths as the caller wrote them
     if config.strict and suspicious:
         raise SourceError(f"refused (strict): {suspicious[0]}")
     listed = read_split_file(config.split_file) if config.split_file is not None else None

@@ -46,10 +46,11 @@ from typing import Any
 
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
-from .errors import DestinationError, ImgshardsError, ManifestError
+from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
 from .remotefs import Remote, one_line
+from .scan import tree_warnings
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
@@ -90,6 +91,8 @@ def pack_to_url(
             f"cannot pack several splits into a URL ({url}) in one run yet: pack into a local directory "
             "and upload it, or split the tree and pack each split with --split"
         )
+    if config.strict and (suspicious := tree_warnings(src, dst=url)):  # before the check's network call
+        raise SourceError(f"refused (strict): {suspicious[0]}")
     remote = Remote(url, storage_options or {})
     remote.check()  # in a second or two, before the tree is read: unreachable, no bucket, no access
     own_staging = staging is None
@@ -107,7 +110,7 @@ def pack_to_url(
     finally:
         if own_staging:
             shutil.rmtree(stage, ignore_errors=True)
-    return replace(result, dst=remote.url, manifest=manifest)
+    return replace(result, dst=remote.url, manifest=manifest, warnings=tree_warnings(src, dst=url))
 
 
 def verify_url(
