@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .exits import CantRun
-from .options import format_bytes
+from .options import format_bytes, plural
 
 if TYPE_CHECKING:
     from imgshards.loader.profiling.devicerun import DeviceRun
@@ -180,7 +180,8 @@ def print_report(report: BenchReport) -> None:
     """Print the header, a table per worker count, the verdicts, and the scaling of a sweep."""
     config = report.config
     click.echo(
-        f"{report.dst}: split {config.split!r}, {report.samples:,} images in {report.shards:,} shards "
+        f"{report.dst}: split {config.split!r}, {plural(report.samples, 'image')} in "
+        f"{plural(report.shards, 'shard')} "
         f"({format_bytes(report.shard_bytes)}); preset {config.preset!r}, batch {config.batch_size}, "
         f"prefetch {config.prefetch_factor}; {report.cpus} CPUs"
     )

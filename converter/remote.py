@@ -207,7 +207,8 @@ class _Uploader:
         )
         if ours and not known and not config.overwrite:
             raise DestinationError(
-                f"{self.remote.url} already holds {len(ours)} shards of split {self.split!r} not made by "
+                f"{self.remote.url} already holds {len(ours)} shard{'s' if len(ours) != 1 else ''} of split "
+                f"{self.split!r} not made by "
                 "an interrupted run of this command; pass --overwrite to replace them, or choose another "
                 "destination"
             )

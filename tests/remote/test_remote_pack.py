@@ -115,7 +115,7 @@ def test_foreign_shards_are_refused(s3, remote_tree):
     bucket, options = s3
     fs, _ = fsspec.core.url_to_fs(bucket, **options)
     fs.pipe(f"{bucket}/foreign/train-000000.tar", b"not ours")
-    with pytest.raises(DestinationError, match="1 shards of split 'train' not made by"):
+    with pytest.raises(DestinationError, match="1 shard of split 'train' not made by"):
         pack_to_url(remote_tree, f"{bucket}/foreign", config(), storage_options=options)
 
 
