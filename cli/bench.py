@@ -12,6 +12,7 @@ import click
 
 from .exits import CantRun
 from .options import format_bytes, plural
+from .storage import dataset_dir
 
 if TYPE_CHECKING:
     from imgshards.loader.profiling.devicerun import DeviceRun
@@ -52,7 +53,7 @@ def _cpus() -> int:
 
 
 @click.command()
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path), callback=lambda ctx, param, value: dataset_dir(value))
 @click.option("--split", default="train", show_default=True, help="Split to read.")
 @click.option(
     "--preset", type=click.Choice(PRESETS), default="train", show_default=True, help="Augmentation."

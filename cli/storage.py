@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
-from imgshards.converter.locate import is_url, url_typo
+from imgshards.converter.locate import INDEX_NAME, is_url, url_typo
 
-__all__ = ["PathOrURL", "join", "storage_option"]
+__all__ = ["PathOrURL", "dataset_dir", "join", "storage_option"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,7 +20,7 @@ class PathOrURL(click.ParamType):
     """A local directory (as ``click.Path``) or an fsspec URL, kept as a string.
 
     With ``file_okay``, a file passes too, for the command to say what it is (``info`` on a shard
-    asks for the dataset's directory; on an ``index.json``, reads it).
+    asks for the dataset's directory); an ``index.json`` stands for its directory.
     """
 
     name = "path_or_url"
@@ -35,7 +35,13 @@ class PathOrURL(click.ParamType):
         meant = url_typo(value)
         if meant is not None:
             self.fail(f"{value!r} is a URL with a slash missing; write {meant}", param, ctx)
-        return self._path.convert(value, param, ctx)
+        path = self._path.convert(value, param, ctx)
+        return dataset_dir(path) if isinstance(path, Path) else path
+
+
+def dataset_dir(path: Path) -> Path:
+    """``shards/index.json`` -> ``shards``: the dataset's directory, which commands read shards beside."""
+    return path.parent if path.name == INDEX_NAME and path.is_file() else path
 
 
 def join(root: Path | str, name: str) -> Path | str:

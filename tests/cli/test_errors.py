@@ -87,6 +87,9 @@ def test_a_shard_given_for_a_dataset_asks_for_its_directory(tiny_packed):
     assert str(tiny_packed) in message and "UTF-8" not in message
     with pytest.raises(ManifestError, match="is a shard, not a packed dataset"):
         read_manifest(shard)
+    assert run("verify", shard).exit_code == 2
+    by_index = run("verify", tiny_packed / "index.json")  # the index stands for its directory
+    assert by_index.exit_code == 0 and by_index.stdout.startswith("ok: ")
 
 
 def test_shard_dataset_on_a_shard_asks_for_the_directory(tiny_packed):
