@@ -88,6 +88,8 @@ def test_a_shard_given_for_a_dataset_asks_for_its_directory(tiny_packed):
     with pytest.raises(ManifestError, match="is a shard, not a packed dataset"):
         read_manifest(shard)
     assert run("verify", shard).exit_code == 2
+    benched = run("bench", shard, "--batches", "1")
+    assert benched.exit_code == 2 and "is a shard, not a packed dataset" in benched.stderr
     by_index = run("verify", tiny_packed / "index.json")  # the index stands for its directory
     assert by_index.exit_code == 0 and by_index.stdout.startswith("ok: ")
 
