@@ -131,7 +131,9 @@ def pack(
     DST is a directory or any fsspec URL (s3://bucket/prefix, gs://...): each shard is uploaded as
     soon as it is written, the index last. Every file under SRC is either packed or listed, with its
     reason, in DST/.imgshards/rejects/<split>.jsonl. Run the same command again after a crash to
-    finish the job; the output is the same as an uninterrupted run's.
+    finish the job; the output is the same as an uninterrupted run's. A SRC that looks like the wrong
+    folder (class folders named train/val/test, or holding only folders) gets a warning naming the
+    command probably meant; --strict refuses it.
 
     Exit status: 0 done, 1 every file of a split was rejected, 2 cannot run (bad arguments, source
     or destination).
