@@ -144,10 +144,15 @@ def in_index(dst: Path, split: str) -> bool:
 
 
 def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
-    if previous is None:
+    if previous is None and leftovers:
         n = len(leftovers)
-        shards = f"{n} shard{'s' if n != 1 else ''}"
-        what = f"{shards} of split {split!r} not made by an interrupted run of this command"
+        return (
+            f"{dst} already holds {n} shard{'s' if n != 1 else ''} of split {split!r} not made by an "
+            f"interrupted run of this command: to read them as a dataset, run `imgshards index {dst}`; "
+            "to pack, choose another destination (--overwrite would delete them)"
+        )
+    if previous is None:
+        what = f"split {split!r}, not made by an interrupted run of this command"
     elif previous["args"].get("source") != wanted["args"].get("source"):
         # Another tree into a split already there: most likely the next split of the dataset
         # (`pack photos/val DST` after `pack photos/train DST`), packed without --split.

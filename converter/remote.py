@@ -208,9 +208,9 @@ class _Uploader:
         if ours and not known and not config.overwrite:
             raise DestinationError(
                 f"{self.remote.url} already holds {len(ours)} shard{'s' if len(ours) != 1 else ''} of split "
-                f"{self.split!r} not made by "
-                "an interrupted run of this command; pass --overwrite to replace them, or choose another "
-                "destination"
+                f"{self.split!r} not made by an interrupted run of this command: to read them as a dataset, "
+                f"run `imgshards index {self.remote.url}`; to pack, choose another destination "
+                "(--overwrite would delete them)"
             )
         _replace(self.stage / INDEX_NAME, self.remote_index)
         if self.remote_plan is not None:

@@ -242,6 +242,7 @@ def test_a_refused_pack_leaves_no_lock_file(tiny_tree, tiny_packed, tmp_path):
     shutil.copy(tiny_packed / "train-000000.tar", theirs)
     refused = run("pack", tiny_tree, theirs)
     assert refused.exit_code == 2 and "1 shard of split 'train' not made by" in refused.stderr
+    assert f"run `imgshards index {theirs.resolve()}`" in refused.stderr
     assert sorted(p.name for p in theirs.iterdir()) == ["train-000000.tar"]
     dst = tmp_path / "ours"  # a conflict in a destination of our own: its state stays as it was
     assert run("pack", tiny_tree, dst, "--workers", "1").exit_code == 0
