@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .exits import CantRun
-from .options import format_bytes
+from .options import format_bytes, plural
+from .storage import dataset_dir
 
 if TYPE_CHECKING:
     from imgshards.loader.profiling.devicerun import DeviceRun
@@ -52,7 +53,7 @@ def _cpus() -> int:
 
 
 @click.command()
-@click.argument("dst", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("dst", type=click.Path(path_type=Path), callback=lambda ctx, param, value: dataset_dir(value))
 @click.option("--split", default="train", show_default=True, help="Split to read.")
 @click.option(
     "--preset", type=click.Choice(PRESETS), default="train", show_default=True, help="Augmentation."
@@ -180,7 +181,8 @@ def print_report(report: BenchReport) -> None:
     """Print the header, a table per worker count, the verdicts, and the scaling of a sweep."""
     config = report.config
     click.echo(
-        f"{report.dst}: split {config.split!r}, {report.samples:,} images in {report.shards:,} shards "
+        f"{report.dst}: split {config.split!r}, {plural(report.samples, 'image')} in "
+        f"{plural(report.shards, 'shard')} "
         f"({format_bytes(report.shard_bytes)}); preset {config.preset!r}, batch {config.batch_size}, "
         f"prefetch {config.prefetch_factor}; {report.cpus} CPUs"
     )

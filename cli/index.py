@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from imgshards.converter import index as index_shards
 from imgshards.converter.errors import UnreadableSamplesError
 
 from .exits import BadData
-from .options import format_bytes
+from .options import format_bytes, plural
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["index"]
@@ -45,11 +46,17 @@ __all__ = ["index"]
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar on stderr [default: when it is a terminal]."
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the summary."
+)
+@click.option("-q", "--quiet", is_flag=True, help="No summary and no progress; warnings still go to stderr.")
 @storage_option
 def index(
     src: Path | str,
     classes_file: Path | None,
     progress: bool | None,
+    as_json: bool,
+    quiet: bool,
     storage_options: dict[str, object],
     **options: object,
 ) -> None:
@@ -64,7 +71,7 @@ def index(
     try:
         config = IndexConfig(
             classes=read_classes(classes_file) if classes_file else None,
-            progress=sys.stderr.isatty() if progress is None else progress,
+            progress=(not quiet and sys.stderr.isatty()) if progress is None else progress,
             **options,
         )
     except ValueError as e:
@@ -74,9 +81,30 @@ def index(
     except UnreadableSamplesError as e:
         raise BadData(str(e)) from e  # exit 1: the data is bad, as for verify
     info, classes = result.info, result.manifest.classes
+    for warning in result.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    if as_json:
+        doc = {
+            "index": str(join(src, "index.json")),
+            "split": result.split,
+            "samples": info.samples,
+            "shards": len(info.shards),
+            "bytes": info.bytes,
+            "classes": len(classes),
+            "classes_from": result.classes_from,
+            "labels": info.labels.to_json(),
+            "classes_per_shard": round(result.classes_per_shard, 3),
+            "shuffled_classes_per_shard": round(result.shuffled_classes_per_shard, 3),
+            "warnings": list(result.warnings),
+        }
+        click.echo(json.dumps(doc, indent=1))
+        return
+    if quiet:
+        return
     click.echo(
-        f"indexed split {result.split!r} of {src}: {info.samples:,} samples of {len(classes):,} classes "
-        f"in {len(info.shards):,} shards ({format_bytes(info.bytes)})"
+        f"indexed split {result.split!r} of {src}: {plural(info.samples, 'sample')} of "
+        f"{plural(len(classes), 'class', 'classes')} in {plural(len(info.shards), 'shard')} "
+        f"({format_bytes(info.bytes)})"
     )
     kind = "names" if info.labels.names else "class ids"
     member = f".json field {info.labels.key!r}" if info.labels.key else ".cls"
@@ -87,8 +115,6 @@ def index(
         f"(shuffled shards would hold {result.shuffled_classes_per_shard:.1f})"
     )
     click.echo(f"  wrote {join(src, 'index.json')} and _info.json; the shards are unchanged")
-    for warning in result.warnings:
-        click.secho(f"warning: {warning}", fg="yellow", err=True)
 
 
 def _some(names: tuple[str, ...]) -> str:

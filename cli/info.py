@@ -3,43 +3,57 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
 from imgshards.converter import read_manifest
 
-from .options import format_bytes, shown
+from .options import format_bytes, plural, shown
 from .storage import PathOrURL, storage_option
 
 __all__ = ["info"]
 
 
 @click.command()
-@click.argument("dst", type=PathOrURL())
+@click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole index as JSON.")
 @storage_option
 def info(dst: Path | str, as_json: bool, storage_options: dict[str, object]) -> None:
-    """Describe the packed dataset in DST (directory or URL): classes, splits, shards, balance, rejects."""
+    """Describe the packed dataset in DST (directory or URL): classes, splits, formats, balance, rejects."""
     manifest = read_manifest(dst, storage_options=storage_options)
     if as_json:
         click.echo(json.dumps(manifest.to_json(), indent=1))
         return
-    click.echo(f"{dst}: {len(manifest.classes):,} classes")
+    names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
+    click.echo(f"{dst}: {plural(len(manifest.classes), 'class', 'classes')} ({names})")
     for name, split in sorted(manifest.splits.items()):
         sizes = [s.bytes for s in split.shards]
-        counts = split.class_counts
         click.echo(
-            f"  {name}: {split.samples:,} samples in {len(split.shards):,} shards "
+            f"  {shown(name)}: {plural(split.samples, 'sample')} in {plural(len(split.shards), 'shard')} "
             f"({format_bytes(split.bytes)}; "
             f"shard {format_bytes(min(sizes, default=0))}..{format_bytes(max(sizes, default=0))})"
         )
-        if counts:
-            low = min(range(len(counts)), key=counts.__getitem__)
-            high = max(range(len(counts)), key=counts.__getitem__)
-            click.echo(
-                f"    per class: {counts[low]:,} ({shown(manifest.classes[low])}) .. {counts[high]:,} "
-                f"({shown(manifest.classes[high])})"
-            )
+        if split.formats:
+            formats = ", ".join(f".{shown(ext)} {n:,}" for ext, n in split.formats.items())
+            converted = ", ".join(f"{shown(reason)} {n:,}" for reason, n in split.converted.items())
+            click.echo(f"    formats: {formats}" + (f" (converted: {converted})" if converted else ""))
+        if split.class_counts:
+            click.echo(f"    per class: {balance(manifest.classes, split.class_counts)}")
         reasons = ", ".join(f"{shown(r)} {n:,}" for r, n in split.rejects_by_reason.items()) or "none"
         click.echo(f"    rejected: {split.rejects_total:,} ({reasons})")
+
+
+def balance(classes: Sequence[str], counts: Sequence[int]) -> str:
+    """The smallest and the largest class by name, or that every class holds the same number."""
+    low, high = min(counts), max(counts)
+    if low == high:
+        return f"{low:,} each"
+
+    def named(n: int) -> str:
+        names = [shown(c) for c, k in zip(classes, counts, strict=True) if k == n]
+        more = f" and {len(names) - 1:,} more" if len(names) > 1 else ""
+        return f"{n:,} ({names[0]}{more})"
+
+    return f"smallest {named(low)}, largest {named(high)}"

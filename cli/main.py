@@ -19,6 +19,21 @@ from .verify import verify
 
 __all__ = ["cli", "main"]
 
+# The commands in the order of a workflow, each with one line of what it does and one example.
+_COMMANDS = (
+    (
+        pack,
+        "Pack an ImageFolder tree into shards in a directory or at a URL.",
+        "imgshards pack photos/train shards",
+    ),
+    (verify, "Re-hash every shard against the index.", "imgshards verify shards"),
+    (info, "Describe a packed dataset: classes, splits, balance, rejects.", "imgshards info shards"),
+    (index, "Index shards another tool wrote, to read them as a dataset.", "imgshards index their-shards"),
+    (bench, "Is data loading the bottleneck? Stream the shards, time each stage.", "imgshards bench shards"),
+    (demo, "Pack a synthetic tree end to end; needs no data of your own.", "imgshards demo"),
+)
+_EXAMPLES = {command.name: example for command, _, example in _COMMANDS}
+
 
 class _Group(click.Group):
     """Turns a user's mistake (an :class:`ImgshardsError`) into a one-line message, not a traceback.
@@ -32,22 +47,46 @@ class _Group(click.Group):
         except ImgshardsError as e:
             raise CantRun(shown(str(e))) from e  # a name in it may hold escape codes
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+            if ctx.invoked_subcommand == "pack":
+                message = (
+                    "interrupted; run the same command again to resume: the shards already written are kept"
+                )
+            else:
+                message = "interrupted"
+            click.echo(message, err=True)
             ctx.exit(EXIT_INTERRUPTED)
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """The commands in workflow order (pack, verify, info, index, bench, demo), not sorted by name."""
+        return list(self.commands)
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command with its whole one-line summary (never cut mid-word) and one example."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            rows.append((name, command.short_help or ""))
+            rows.append(("", f"e.g. {_EXAMPLES[name]}" if name in _EXAMPLES else ""))
+        with formatter.section("Commands, in the order of a workflow"):
+            formatter.write_dl(rows, col_max=10)
+
+
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Run `imgshards COMMAND --help` for a command's options. Exit status: 0 done, 1 the data "
+    "is bad, 2 cannot run, 130 interrupted.",
+)
 @click.version_option(package_name="imgshards")
 def cli() -> None:
     """Pack an ImageFolder tree into WebDataset shards once; stream them into PyTorch training."""
 
 
-cli.add_command(pack)
-cli.add_command(index)
-cli.add_command(verify)
-cli.add_command(info)
-cli.add_command(demo)
-cli.add_command(bench)
+for _command, _summary, _ in _COMMANDS:
+    _command.short_help = _summary
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -9,10 +9,9 @@ import click
 
 from imgshards.converter.errors import printable
 
-__all__ = ["ByteSize", "format_bytes", "shown"]
+__all__ = ["ByteSize", "format_bytes", "plural", "shown"]
 
 _UNITS = {
-    "": 1,
     "b": 1,
     "kb": 10**3,
     "mb": 10**6,
@@ -29,8 +28,15 @@ _UNITS = {
 }
 
 
+_FORMS = "256MB, 1GiB, 500kB or 30000B (units B, kB, MB, GB, TB of 1000; KiB, MiB, GiB, TiB of 1024)"
+
+
 class ByteSize(click.ParamType):
-    """A size in bytes written as ``256MB``, ``1GiB``, ``500k`` or a plain integer."""
+    """A size in bytes with its unit: ``256MB``, ``1GiB``, ``500k``, ``30000B``.
+
+    A number alone is refused: ``--shard-size 10`` meant 10 MB far more often than 10 bytes (which
+    makes a shard of every image).
+    """
 
     name = "size"
 
@@ -39,13 +45,20 @@ class ByteSize(click.ParamType):
         if isinstance(value, int):
             return value
         match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if match and not match.group(2):
+            self.fail(f"{value!r} has no unit; write it like {_FORMS}", param, ctx)
         unit = match.group(2).lower() if match else ""
         if not match or unit not in _UNITS:
-            self.fail(f"{value!r} is not a size; write it like 256MB, 1GiB or 500000", param, ctx)
+            self.fail(f"{value!r} is not a size; write it like {_FORMS}", param, ctx)
         size = int(float(match.group(1)) * _UNITS[unit])
         if size < 1:
             self.fail(f"{value!r} is not a positive size", param, ctx)
         return size
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``plural(1, "shard")`` -> ``'1 shard'``, ``plural(1200, "shard")`` -> ``'1,200 shards'``."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def format_bytes(n: float) -> str:

@@ -15,13 +15,15 @@ from imgshards.converter import (
     PackConfig,
     PackResult,
     ReadOrder,
+    SourceError,
     pack_to_url,
     reader_warnings,
+    tree_warnings,
 )
 from imgshards.converter import pack as pack_tree
 
 from .exits import BadData
-from .options import ByteSize, format_bytes, shown
+from .options import ByteSize, format_bytes, plural, shown
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["pack", "print_summary", "summary_json"]
@@ -100,6 +102,12 @@ __all__ = ["pack", "print_summary", "summary_json"]
 )
 @click.option("--overwrite", is_flag=True, help="Replace a split packed into DST with other arguments.")
 @click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse a SRC that looks like the wrong folder (class folders named train/val/test, or "
+    "holding only folders) instead of warning.",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="Progress bars on stderr [default: when stderr is a terminal and not -q].",
@@ -130,7 +138,9 @@ def pack(
     DST is a directory or any fsspec URL (s3://bucket/prefix, gs://...): each shard is uploaded as
     soon as it is written, the index last. Every file under SRC is either packed or listed, with its
     reason, in DST/.imgshards/rejects/<split>.jsonl. Run the same command again after a crash to
-    finish the job; the output is the same as an uninterrupted run's.
+    finish the job; the output is the same as an uninterrupted run's. A SRC that looks like the wrong
+    folder (class folders named train/val/test, or holding only folders) gets a warning naming the
+    command probably meant; --strict refuses it.
 
     Exit status: 0 done, 1 every file of a split was rejected, 2 cannot run (bad arguments, source
     or destination).
@@ -150,6 +160,10 @@ def pack(
         config = PackConfig(progress=progress, **options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    for warning in tree_warnings(src, dst=str(dst)):  # before the pack: a wrong SRC is seen at once
+        if config.strict:
+            raise SourceError(f"refused (--strict): {warning}")
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
     if isinstance(dst, str):
         result = pack_to_url(src, dst, config, storage_options=storage_options, staging=staging)
     else:
@@ -168,13 +182,16 @@ def pack(
 
 
 def _warnings(result: PackResult) -> list[str]:
+    """Warnings about the packed splits (the tree's own, :attr:`PackResult.warnings`, come first)."""
     notes = []
     for info in result.infos:
         prefix = f"split {info.name!r}: " if len(result.infos) > 1 else ""
         notes += [prefix + note for note in reader_warnings(info.formats)]
         empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
         if empty and info.samples:
-            notes.append(f"{prefix}{len(empty)} classes have no sample: {', '.join(map(shown, empty[:5]))}")
+            have = "has" if len(empty) == 1 else "have"
+            names = ", ".join(map(shown, empty[:5]))
+            notes.append(f"{prefix}{plural(len(empty), 'class', 'classes')} {have} no sample: {names}")
     return notes
 
 
@@ -204,17 +221,17 @@ def summary_json(result: PackResult) -> dict[str, Any]:
         "shards_reused": result.shards_reused,
         "seconds": round(result.seconds, 3),
         "read_order": result.read_order,
-        "warnings": _warnings(result),
+        "warnings": [*result.warnings, *_warnings(result)],
     }
 
 
 def print_summary(result: PackResult) -> None:
     """Print what a pack did per split (formats, conversions, rejects), then the run, then warnings."""
     for info in result.infos:
+        classes = plural(len(result.manifest.classes), "class", "classes")
         click.echo(
-            f"packed split {info.name!r} into {result.dst}: {info.samples:,} samples of "
-            f"{len(result.manifest.classes):,} classes in {len(info.shards):,} shards "
-            f"({format_bytes(info.bytes)})"
+            f"packed split {info.name!r} into {result.dst}: {plural(info.samples, 'sample')} of "
+            f"{classes} in {plural(len(info.shards), 'shard')} ({format_bytes(info.bytes)})"
         )
         if len(info.formats) == 1:
             (ext,) = info.formats
@@ -226,14 +243,14 @@ def print_summary(result: PackResult) -> None:
         if info.rejects_total:
             reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
             where = join(result.dst, str(info.rejects_file))
-            click.echo(f"  rejected {info.rejects_total:,} files ({reasons}): see {where}")
+            click.echo(f"  rejected {plural(info.rejects_total, 'file')} ({reasons}): see {where}")
         else:
             click.echo("  no file rejected")
     samples = sum(info.samples for info in result.infos)
     rate = samples / result.seconds if result.seconds else 0.0
     click.echo(
-        f"  {result.shards_written} shards written, {result.shards_reused} reused from an earlier run, "
-        f"in {result.seconds:.1f} s ({rate:,.0f} samples/s overall)"
+        f"  {plural(result.shards_written, 'shard')} written, {result.shards_reused:,} reused from an "
+        f"earlier run, in {result.seconds:.1f} s ({rate:,.0f} samples/s overall)"
     )
-    for warning in _warnings(result):
+    for warning in [*result.warnings, *_warnings(result)]:
         click.secho(f"  warning: {warning}", fg="yellow")

@@ -9,26 +9,39 @@ from typing import Any, TypeVar
 
 import click
 
-from imgshards.converter.manifest import is_url
+from imgshards.converter.locate import INDEX_NAME, is_url, url_typo
 
-__all__ = ["PathOrURL", "join", "storage_option"]
+__all__ = ["PathOrURL", "dataset_dir", "join", "storage_option"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PathOrURL(click.ParamType):
-    """A local directory (as ``click.Path(file_okay=False)``) or an fsspec URL, kept as a string."""
+    """A local directory (as ``click.Path``) or an fsspec URL, kept as a string.
+
+    With ``file_okay``, a file passes too, for the command to say what it is (``info`` on a shard
+    asks for the dataset's directory); an ``index.json`` stands for its directory.
+    """
 
     name = "path_or_url"
 
-    def __init__(self) -> None:
-        self._path = click.Path(path_type=Path, file_okay=False)
+    def __init__(self, *, file_okay: bool = False) -> None:
+        self._path = click.Path(path_type=Path, file_okay=file_okay)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
         """Return a URL as it is (``click.Path`` would fold its ``//``), a path as a ``Path``."""
         if isinstance(value, str) and is_url(value):
             return value.rstrip("/")
-        return self._path.convert(value, param, ctx)
+        meant = url_typo(value)
+        if meant is not None:
+            self.fail(f"{value!r} is a URL with a slash missing; write {meant}", param, ctx)
+        path = self._path.convert(value, param, ctx)
+        return dataset_dir(path) if isinstance(path, Path) else path
+
+
+def dataset_dir(path: Path) -> Path:
+    """``shards/index.json`` -> ``shards``: the dataset's directory, which commands read shards beside."""
+    return path.parent if path.name == INDEX_NAME and path.is_file() else path
 
 
 def join(root: Path | str, name: str) -> Path | str:

@@ -11,14 +11,14 @@ from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
 
 from .exits import BadData
-from .options import shown
+from .options import plural, shown
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["verify"]
 
 
 @click.command()
-@click.argument("dst", type=PathOrURL())
+@click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--split", "splits", multiple=True, help="Verify only this split (repeatable).")
 @click.option(
     "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
@@ -52,6 +52,8 @@ def verify(
         for problem in report.problems:
             click.echo(f"BAD {shown(str(problem))}", err=True)
     if not report.ok:
-        raise BadData(f"{len(report.problems)} problem(s) in {report.shards} shards of {dst}")
+        raise BadData(
+            f"{plural(len(report.problems), 'problem')} in {plural(report.shards, 'shard')} of {dst}"
+        )
     if not as_json and not quiet:
-        click.echo(f"ok: {report.shards} shards, {report.samples:,} samples match {index}")
+        click.echo(f"ok: {plural(report.shards, 'shard')}, {plural(report.samples, 'sample')} match {index}")

@@ -14,7 +14,7 @@ from .manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, r
 from .pack import pack
 from .readorder import ReadOrder
 from .remote import pack_to_url, verify_url
-from .scan import IMG_EXTENSIONS, ScanResult, scan_tree
+from .scan import IMG_EXTENSIONS, ScanResult, scan_tree, tree_warnings
 from .synthetic import make_synthetic_tree
 from .verify import ShardProblem, VerifyReport, verify
 
@@ -50,6 +50,7 @@ __all__ = [
     "read_manifest",
     "reader_warnings",
     "scan_tree",
+    "tree_warnings",
     "verify",
     "verify_url",
 ]

@@ -53,6 +53,9 @@ class PackConfig:
             files straight from the tree) or ``"auto"`` (``plan`` when the tree is in the page cache).
         overwrite: Replace a split packed into ``dst`` with other arguments or from another tree.
         progress: Show progress bars on stderr.
+        strict: Refuse a tree that looks like the wrong folder (class folders named like splits, or
+            only folders at the top of every class folder: see :func:`~.scan.tree_warnings`)
+            instead of packing it with a warning in :attr:`PackResult.warnings`.
 
     """
 
@@ -71,6 +74,7 @@ class PackConfig:
     read_order: ReadOrder | str = ReadOrder.AUTO
     overwrite: bool = False
     progress: bool = False
+    strict: bool = False
 
     def __post_init__(self) -> None:
         for name, value in (("split", self.split), ("val_split", self.val_split)):
@@ -155,6 +159,7 @@ class PackResult:
     seconds: float
     splits: tuple[str, ...] = ()
     read_order: str = ReadOrder.DISK.value
+    warnings: tuple[str, ...] = ()
 
     @property
     def info(self) -> SplitInfo:

@@ -13,21 +13,24 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import DestinationError, ManifestError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from .plan import Plan
-from .safefs import clear_dir, locked_fd, read_bytes, remove, write_atomic
+from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
 from .scan import ScanResult
+from .splits import SPLIT_CHARS
 from .write import ShardRecord
 
 __all__ = [
     "REJECTS_DIR",
     "STATE_DIR",
     "check_classes",
+    "claim",
     "clear_split",
     "locked",
     "prepare",
@@ -43,13 +46,66 @@ REJECTS_DIR = f"{STATE_DIR}/rejects"
 
 @contextlib.contextmanager
 def locked(dst: Path, path: Path, busy: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (below ``dst``); the kernel drops it if the process dies."""
-    with locked_fd(path, root=dst) as fd:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DestinationError(busy) from None
-        yield
+    """Hold an exclusive ``flock`` on ``path`` (below ``dst``); the kernel drops it if the process dies.
+
+    The lock file is opened without following a link (:mod:`.safefs`). It may be removed by its
+    holder (:func:`claim`); a process that opened it just before then holds a lock on a file no
+    longer there, so it checks, after locking, that the file it locked is still the one under
+    ``path``, and opens it anew if not.
+    """
+    while True:
+        with locked_fd(path, root=dst) as fd:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DestinationError(busy) from None
+            try:
+                current = os.lstat(path).st_ino
+            except FileNotFoundError:
+                continue
+            if current != os.fstat(fd).st_ino:
+                continue
+            yield
+            return
+
+
+@contextlib.contextmanager
+def claim(dst: Path, splits: Sequence[str]) -> Iterator[None]:
+    """Create the state folders of ``splits`` in ``dst`` and lock each for this run.
+
+    A run that fails before it planned a split (a refusal: a conflicting destination, a bad source)
+    leaves ``dst`` as it found it: no lock file, and no folder it created (``dst`` included). Every
+    folder below ``dst`` is made and every lock opened without following a link (:mod:`.safefs`).
+
+    Raises:
+        DestinationError: ``dst`` cannot be created, or another ``pack`` is writing one of ``splits``.
+
+    """
+    states = [dst / STATE_DIR / name for name in sorted(splits)]
+    fresh = [p for p in (dst, dst / STATE_DIR, *states) if not p.exists()]
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+        for state in states:
+            make_dirs(dst, state.relative_to(dst))
+    except OSError as e:
+        raise DestinationError(f"cannot create destination {dst}: {e.strerror}") from e
+    try:
+        with contextlib.ExitStack() as locks:
+            for state in states:
+                busy = f"another `imgshards pack` is writing split {state.name!r} into {dst}"
+                locks.enter_context(locked(dst, state / "lock", busy))
+            try:
+                yield
+            except BaseException:
+                for state in states:  # still holding its lock: see locked()
+                    if [p.name for p in state.iterdir()] == ["lock"]:
+                        remove(state / "lock", root=dst)
+                raise
+    except BaseException:
+        for folder in reversed(fresh):
+            with contextlib.suppress(OSError):  # not empty: this run wrote something worth keeping
+                folder.rmdir()
+        raise
 
 
 def check_classes(dst: Path, splits: tuple[str, ...], scan: ScanResult) -> None:
@@ -94,8 +150,27 @@ def in_index(dst: Path, split: str) -> bool:
 
 
 def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
+    if previous is None and leftovers:
+        n = len(leftovers)
+        return (
+            f"{dst} already holds {n} shard{'s' if n != 1 else ''} of split {split!r} not made by an "
+            f"interrupted run of this command: to read them as a dataset, run `imgshards index {dst}`; "
+            "to pack, choose another destination (--overwrite would delete them)"
+        )
     if previous is None:
-        what = f"{len(leftovers)} shards of split {split!r} not made by an interrupted run of this command"
+        what = f"split {split!r}, not made by an interrupted run of this command"
+    elif previous["args"].get("source") != wanted["args"].get("source"):
+        # Another tree into a split already there: most likely the next split of the dataset
+        # (`pack photos/val DST` after `pack photos/train DST`), packed without --split.
+        source = Path(str(wanted["args"].get("source")))
+        name = (
+            source.name if source.name and set(source.name) <= SPLIT_CHARS and source.name != split else None
+        )
+        return (
+            f"{dst} already holds split {split!r}, packed from {previous['args'].get('source')}; to pack "
+            f"{source} as another split beside it, pass {f'--split {name}' if name else '--split NAME'} "
+            f"(--overwrite would replace split {split!r} with it)"
+        )
     elif previous["args"] != wanted["args"]:
         diff = [
             f"{k} {previous['args'].get(k)!r} -> {v!r}"

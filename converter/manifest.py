@@ -37,11 +37,11 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
 from .labels import label_value
+from .locate import INDEX_NAME, is_url, local_path, no_index, not_a_dataset
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -64,7 +64,6 @@ __all__ = [
 
 FORMAT_NAME = "imgshards"
 FORMAT_VERSION = 1
-INDEX_NAME = "index.json"
 TIMM_INFO_NAME = "_info.json"
 # Extensions of the image member in a sample, named by the format detected in the bytes, the
 # names webdataset's, timm's and DALI's readers look for.
@@ -292,20 +291,6 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
     )
 
 
-def is_url(root: object) -> bool:
-    """Whether ``root`` is a URL read through fsspec (``s3://``, ``gs://``, ``https://``...), not a path.
-
-    ``file://`` URLs count as local paths.
-    """
-    return isinstance(root, str) and "://" in root and not root.startswith("file://")
-
-
-def local_path(root: str | os.PathLike[str]) -> Path:
-    """A local path, ``file://`` prefix removed."""
-    text = os.fspath(root)
-    return Path(text[len("file://") :] if text.startswith("file://") else text)
-
-
 def read_manifest(
     root: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
 ) -> Manifest:
@@ -321,15 +306,19 @@ def read_manifest(
     if is_url(root):
         return _read_manifest_url(str(root), storage_options or {})
     path = local_path(root)
+    if not os.path.lexists(path):
+        raise ManifestError(
+            f"{path} does not exist: check the path (a dataset is the directory `imgshards pack` wrote)"
+        )
     if path.is_dir():
         path = path / INDEX_NAME
+    elif path.is_file() and path.suffix != ".json":
+        raise ManifestError(not_a_dataset(path))
     try:
         with open_regular(path) as f:  # not a FIFO (would block) or a device (would not end)
             raw = f.read(MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
-        raise ManifestError(
-            f"no {INDEX_NAME} at {path}: not a packed dataset, or `imgshards pack` has not finished there"
-        ) from None
+        raise ManifestError(no_index(path)) from None
     except OSError as e:
         raise ManifestError(f"cannot read {path}: {e.strerror or e}") from e
     return Manifest.from_json(parse_index(raw, str(path)), where=str(path))
@@ -338,14 +327,22 @@ def read_manifest(
 def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest:
     from fsspec.core import url_to_fs  # only for URLs: the converter needs no fsspec otherwise
 
+    if url.rstrip("/").endswith(".tar"):
+        shard = url.rstrip("/")
+        raise ManifestError(
+            f"{shard} is a shard, not a packed dataset: give the dataset's URL, the one that holds "
+            f"{INDEX_NAME} (here probably {shard.rsplit('/', 1)[0]})"
+        )
     index_url = url if url.endswith(".json") else f"{url.rstrip('/')}/{INDEX_NAME}"
     try:
         fs, path = url_to_fs(index_url, **storage_options)
         raw = fs.cat_file(path, start=0, end=MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
+        base = index_url.rsplit("/", 1)[0]
         raise ManifestError(
-            f"no {INDEX_NAME} at {index_url}: not a packed dataset, "
-            "or `imgshards pack` has not finished there"
+            f"no {INDEX_NAME} at {index_url}: not a packed dataset, or `imgshards pack` has not "
+            f"finished there (run it again: it resumes); for shards another tool wrote, run "
+            f"`imgshards index {base}`"
         ) from None
     except ImportError as e:  # fsspec names the package its protocol needs
         raise ManifestError(f"cannot read {index_url}: {e}") from e

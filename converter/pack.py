@@ -33,6 +33,7 @@ from .destination import (
     REJECTS_DIR,
     STATE_DIR,
     check_classes,
+    claim,
     locked,
     prepare,
     recorded,
@@ -43,13 +44,14 @@ from .destination import (
 from .errors import DestinationError, SourceError, SplitFileError
 from .failures import explained
 from .formats import main_format
+from .locate import url_typo
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, estimated_sample_bytes, make_plan
 from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
-from .scan import Reject, ScanResult, scan_tree
+from .scan import Reject, ScanResult, scan_tree, tree_warnings
 from .splits import Part, read_split_file, split_by_file, split_stratified, whole
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, ShardTask, gather, write_shard
@@ -76,7 +78,8 @@ def pack(
     ``dst`` is a local directory; :func:`~imgshards.converter.pack_to_url` packs to a URL.
 
     Raises:
-        SourceError: ``src`` is not a usable ImageFolder tree, or a split of it would be empty.
+        SourceError: ``src`` is not a usable ImageFolder tree, or a split of it would be empty, or
+            (``config.strict``) it looks like the wrong folder (:func:`~.scan.tree_warnings`).
         SplitFileError: ``config.split_file`` is unusable.
         DestinationError: ``dst`` holds a conflicting pack (other arguments, tree or classes), or
             another ``pack`` is writing the same split there.
@@ -84,26 +87,23 @@ def pack(
     """
     config = config or PackConfig()
     started = time.perf_counter()
+    if (meant := url_typo(dst)) is not None:  # else a local folder named "s3:" would be made
+        raise DestinationError(f"{os.fspath(dst)} is a URL with a slash missing; write {meant}")
     src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
     if dst_path == src_path or src_path in dst_path.parents:
         raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
     if not src_path.is_dir():
         raise SourceError(f"source directory {src_path} does not exist or is not a directory")
+    suspicious = tree_warnings(src, dst=os.fspath(dst))  # the paths as the caller wrote them
+    if config.strict and suspicious:
+        raise SourceError(f"refused (strict): {suspicious[0]}")
     listed = read_split_file(config.split_file) if config.split_file is not None else None
     names = _split_names(config, listed)
-    try:
-        dst_path.mkdir(parents=True, exist_ok=True)
-        for name in names:  # below dst, never through a link (see .safefs)
-            make_dirs(dst_path, f"{STATE_DIR}/{name}")
-    except OSError as e:
-        raise DestinationError(f"cannot create destination {dst_path}: {e.strerror}") from e
     counter = shared_counter()
     planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
     with contextlib.ExitStack() as locks:
         locks.enter_context(explained(dst_path, sorted(names), planned))
-        for name in sorted(names):
-            busy = f"another `imgshards pack` is writing split {name!r} into {dst_path}"
-            locks.enter_context(locked(dst_path, dst_path / STATE_DIR / name / "lock", busy))
+        locks.enter_context(claim(dst_path, names))  # a refused run leaves no lock behind
         workers = config.workers or default_workers()
         pool = start_pool(workers, {"counter": counter})
         written = reused = 0
@@ -139,6 +139,7 @@ def pack(
         time.perf_counter() - started,
         splits=names,
         read_order=order.value,
+        warnings=suspicious,
     )
 
 

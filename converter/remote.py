@@ -36,32 +36,29 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
-from .errors import DestinationError, ManifestError
+from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
+from .remotefs import Remote, one_line
 from .safefs import make_dirs, remove, write_atomic
+from .scan import tree_warnings
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
 __all__ = ["pack_to_url", "verify_url", "write_index_url"]
 
-# Protocols whose PUT is atomic (a partial object never appears under the final name).
-_ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
 _UPLOAD_THREADS = 4
-_UPLOAD_ATTEMPTS = 4
 _READ_BLOCK = 8 << 20
-T = TypeVar("T")
 
 
 def pack_to_url(
@@ -85,7 +82,8 @@ def pack_to_url(
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree.
-        DestinationError: ``url`` holds a conflicting pack, or an upload kept failing.
+        DestinationError: ``url`` cannot be reached or used (no such bucket, no credentials, no
+            access: checked first, in seconds), holds a conflicting pack, or an upload kept failing.
 
     """
     config = config or PackConfig()
@@ -94,12 +92,15 @@ def pack_to_url(
             f"cannot pack several splits into a URL ({url}) in one run yet: pack into a local directory "
             "and upload it, or split the tree and pack each split with --split"
         )
-    remote = _Remote(url, storage_options or {})
+    if config.strict and (suspicious := tree_warnings(src, dst=url)):  # before the check's network call
+        raise SourceError(f"refused (strict): {suspicious[0]}")
+    remote = Remote(url, storage_options or {})
+    remote.check()  # in a second or two, before the tree is read: unreachable, no bucket, no access
     own_staging = staging is None
     stage = Path(tempfile.mkdtemp(prefix="imgshards-pack-")) if staging is None else Path(staging)
     stage.mkdir(parents=True, exist_ok=True)
     try:
-        with _Uploader(remote, stage, config) as uploader:
+        with _start_upload(remote, stage, config) as uploader:
             try:
                 result = pack(
                     src, stage, config, hooks=PackHooks(stored=uploader.stored, on_shard=uploader.upload)
@@ -110,7 +111,7 @@ def pack_to_url(
     finally:
         if own_staging:
             shutil.rmtree(stage, ignore_errors=True)
-    return replace(result, dst=remote.url, manifest=manifest)
+    return replace(result, dst=remote.url, manifest=manifest, warnings=tree_warnings(src, dst=url))
 
 
 def verify_url(
@@ -126,7 +127,7 @@ def verify_url(
         ManifestError: the index is missing or unreadable.
 
     """
-    remote = _Remote(url, storage_options or {})
+    remote = Remote(url, storage_options or {})
     manifest = read_manifest(url, storage_options=storage_options)
     jobs = shard_jobs(manifest, splits)
     num_classes = len(manifest.classes)
@@ -151,89 +152,32 @@ def write_index_url(
         DestinationError: a write kept failing.
 
     """
-    remote = _Remote(url, storage_options or {})
+    remote = Remote(url, storage_options or {})
     remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
     remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
 
 
-class _Remote:
-    """The destination's file system and root, with atomic uploads and retried calls."""
+def _start_upload(remote: Remote, stage: Path, config: PackConfig) -> _Uploader:
+    """Start the uploader, which reads the destination's state first.
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
-        from fsspec.core import url_to_fs
-
-        self.url = url.rstrip("/")
-        try:
-            self.fs, root = url_to_fs(self.url, **storage_options)
-        except ImportError as e:  # fsspec names the package the protocol needs
-            raise DestinationError(f"cannot use {url}: {e}") from e
-        self.root = root.rstrip("/")
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        self.atomic_put = bool(_ATOMIC_PUT.intersection(protocols))
-
-    def path(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
-    def sizes(self, folder: str = "") -> dict[str, int]:
-        """Name -> size of the files directly in ``folder`` (relative to the root); {} if none."""
-        path = self.path(folder).rstrip("/")
-        self.fs.invalidate_cache(path)
-        try:
-            entries = self.fs.ls(path, detail=True)
-        except FileNotFoundError:
-            return {}
-        return {
-            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
-            for e in entries
-            if e.get("type") != "directory"
-        }
-
-    def read(self, name: str) -> bytes | None:
-        try:
-            return bytes(self._retry(f"read {name}", lambda: self.fs.cat_file(self.path(name))))
-        except FileNotFoundError:
-            return None
-
-    def put_file(self, local: Path, name: str) -> None:
-        """Upload ``local`` to ``name`` so that no partial file ever shows under that name."""
-        final = self.path(name)
-        if self.atomic_put:
-            self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), final))
-            return
-        folder, _, base = name.rpartition("/")
-        tmp = self.path(f"{folder}/.{base}.partial" if folder else f".{base}.partial")
-        self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
-        self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
-
-    def put_bytes(self, name: str, data: bytes) -> None:
-        with tempfile.NamedTemporaryFile(prefix="imgshards-upload-") as f:
-            f.write(data)
-            f.flush()
-            self.put_file(Path(f.name), name)
-
-    def remove(self, names: list[str]) -> None:
-        if names:
-            self._retry("remove", lambda: self.fs.rm([self.path(n) for n in names]))
-
-    def _retry(self, what: str, call: Callable[[], T]) -> T:
-        for attempt in range(1, _UPLOAD_ATTEMPTS + 1):
-            try:
-                return call()
-            except (FileNotFoundError, PermissionError):
-                raise
-            except Exception as e:  # the file system's own errors (botocore, aiohttp...): retried
-                if attempt == _UPLOAD_ATTEMPTS:
-                    raise DestinationError(
-                        f"cannot {what} at {self.url} after {attempt} tries: {type(e).__name__}: {e}"
-                    ) from e
-                time.sleep(0.5 * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
+    An error of the file system there (the network went away since :meth:`Remote.check`) becomes
+    one line, not a traceback.
+    """
+    try:
+        return _Uploader(remote, stage, config)
+    except ImgshardsError:
+        raise
+    except Exception as e:  # botocore, aiohttp...: the file system's own errors
+        raise DestinationError(
+            f"cannot read the state of {remote.url}: {type(e).__name__}: {one_line(e)}; "
+            "check the network, then run the same command again"
+        ) from e
 
 
 class _Uploader:
     """Mirrors the remote pack state into staging, uploads shards as pack commits them, then the index."""
 
-    def __init__(self, remote: _Remote, stage: Path, config: PackConfig) -> None:
+    def __init__(self, remote: Remote, stage: Path, config: PackConfig) -> None:
         self.remote, self.stage, self.split = remote, stage, config.split
         self.state = f"{STATE_DIR}/{config.split}"
         self.pool = ThreadPoolExecutor(_UPLOAD_THREADS, thread_name_prefix="imgshards-upload")
@@ -264,9 +208,10 @@ class _Uploader:
         )
         if ours and not known and not config.overwrite:
             raise DestinationError(
-                f"{self.remote.url} already holds {len(ours)} shards of split {self.split!r} not made by "
-                "an interrupted run of this command; pass --overwrite to replace them, or choose another "
-                "destination"
+                f"{self.remote.url} already holds {len(ours)} shard{'s' if len(ours) != 1 else ''} of split "
+                f"{self.split!r} not made by an interrupted run of this command: to read them as a dataset, "
+                f"run `imgshards index {self.remote.url}`; to pack, choose another destination "
+                "(--overwrite would delete them)"
             )
         if self.remote_index is None:
             remove(self.stage / INDEX_NAME, root=self.stage)

@@ -31,10 +31,12 @@ import numpy as np
 from .check import Reason
 from .errors import SourceError, printable
 
-__all__ = ["IMG_EXTENSIONS", "PathTable", "Reject", "ScanResult", "scan_tree"]
+__all__ = ["IMG_EXTENSIONS", "SPLIT_NAMES", "PathTable", "Reject", "ScanResult", "scan_tree", "tree_warnings"]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS; copied, not imported: the converter needs no torch.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# Folder names that mean a split of a dataset, not a class of it.
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
 
 
 @dataclass(frozen=True)
@@ -302,3 +304,74 @@ def scan_tree(
         inodes=np.concatenate(inodes),
         rejects=rejects,
     )
+
+
+def tree_warnings(root: str | os.PathLike[str], dst: str = "DST") -> tuple[str, ...]:
+    """What suggests ``root`` is not the ImageFolder tree that was meant, each with what to run instead.
+
+    Packing such a tree succeeds, with wrong classes: the folder above the trees of the splits
+    (classes ``train`` and ``val``), or a tree nested one level deeper (``root/animals/<class>/...``:
+    one class, ``animals``). Reads the names in ``root`` and the top of each class folder up to its
+    first image only, so it costs next to nothing beside the scan. ``dst`` is shown in the commands.
+
+    Returns:
+        One message, or none: class folders named like splits (:data:`SPLIT_NAMES`), or every class
+        folder holding only folders and no image at its top level.
+
+    """
+    root = Path(root)
+    try:
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except OSError:
+        return ()  # the scan says what is wrong with the root
+    splits = [name for name in classes if name.lower() in SPLIT_NAMES]
+    if splits:
+        named = ", ".join(splits)
+        commands = "; ".join(f"imgshards pack {root / name} {dst} --split {_flag(name)}" for name in splits)
+        return (
+            f"the class folders of {root} are named like splits ({named}): packing it makes {len(classes)} "
+            f"class{'es' if len(classes) != 1 else ''} named {', '.join(classes[:4])}"
+            f"{', ...' if len(classes) > 4 else ''}. Did you mean to pack each split from its own tree? "
+            f"{commands}",
+        )
+    nested: list[list[str]] = []
+    for name in classes:
+        folders = _only_folders(root / name)
+        if not folders:
+            return ()  # an image at the top of a class folder: ImageFolder's root/<class>/<image>
+        nested.append(folders)
+    if not nested:
+        return ()
+    first = classes[0]
+    inner = ", ".join(nested[0][:3]) + (", ..." if len(nested[0]) > 3 else "")
+    if len(classes) == 1:
+        which = f"the one class folder, {first},"
+    else:
+        which = f"every class folder ({', '.join(classes[:3])}{', ...' if len(classes) > 3 else ''})"
+    plural = "es" if len(classes) != 1 else ""
+    return (
+        f"in {root}, {which} holds only folders ({first}/{inner}) and no image at its top level: "
+        f"packing it makes {len(classes)} class{plural} of the folders above the images. If the classes "
+        f"are the folders inside, pack that tree: imgshards pack {root / first} {dst}",
+    )
+
+
+def _only_folders(folder: Path) -> list[str]:
+    """The subfolders of ``folder`` if it holds folders and no image directly, else [] (stops at an image)."""
+    folders = []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                if entry.is_dir():
+                    folders.append(entry.name)
+                elif entry.name.lower().endswith(IMG_EXTENSIONS):
+                    return []
+    except OSError:
+        return []
+    return sorted(folders)
+
+
+def _flag(name: str) -> str:
+    """A split name ``--split`` accepts for a folder named ``name`` (``Validation`` -> ``validation``)."""
+    flag = name.lower()
+    return flag if flag and all(c.isalnum() or c == "_" for c in flag) and flag.isascii() else "NAME"

@@ -92,13 +92,15 @@ class CacheEntry:
 class Reservation:
     """Space reserved for one shard: a locked partial file of the shard's size, written in order.
 
-    Exactly one of :meth:`commit` and :meth:`abort` ends it.
+    :meth:`commit` or :meth:`abort` ends it; :meth:`abort` after a failed :meth:`commit` (the
+    rename failed: the cache directory went away) removes what is left. The file descriptor is
+    closed exactly once: closing a number twice could close a file another thread opened meanwhile.
     """
 
     def __init__(self, cache: ShardCache, partial: Path, final: Path, fd: int, size: int) -> None:
         self.partial, self.final, self.size = partial, final, size
         self._cache = cache
-        self._fd = fd
+        self._fd: int | None = fd
         self.written = 0
 
     def write(self, data: memoryview | bytes) -> None:
@@ -106,8 +108,9 @@ class Reservation:
         view = memoryview(data)
         if self.written + len(view) > self.size:
             raise ValueError(f"{self.final.name}: writing past the {self.size} bytes reserved")
+        fd = self._open_fd()
         while view:
-            n = os.pwrite(self._fd, view, self.written)
+            n = os.pwrite(fd, view, self.written)
             self.written += n
             view = view[n:]
 
@@ -116,20 +119,31 @@ class Reservation:
         if self.written != self.size:
             raise ValueError(f"{self.final.name}: committing {self.written} of {self.size} bytes")
         try:
-            os.fsync(self._fd)
+            os.fsync(self._open_fd())
             # Under the partial's lock (no one takes it as stale) and the cache lock (whoever counts
             # the files under that lock sees the shard once, by one name or the other).
             with self._cache.locked():
                 os.rename(self.partial, self.final)
         finally:
-            os.close(self._fd)
+            self._close()
 
     def abort(self) -> None:
-        """Give the space back."""
+        """Give the space back (also after a :meth:`commit` that failed)."""
         try:
             self.partial.unlink(missing_ok=True)
         finally:
-            os.close(self._fd)
+            self._close()
+
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.final.name}: the reservation has ended")
+        return self._fd
+
+    def _close(self) -> None:
+        """Close the partial file (which drops its lock), once."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class ShardCache:

@@ -120,7 +120,7 @@ def test_verify_json_and_exit_codes(run, tiny_tree, tmp_path):
     assert {p["shard"] for p in doc["problems"]} == {victim.name}
     missing = run("verify", str(tmp_path / "nothing"), "--json")
     assert (
-        missing.exit_code == 2 and missing.stdout == "" and "no index.json" in missing.stderr
+        missing.exit_code == 2 and missing.stdout == "" and "does not exist" in missing.stderr
     )  # 2: cannot run
 
 

@@ -359,8 +359,10 @@ def test_bad_index_or_split_fails_at_construction(packed_copy, tmp_path):
     (packed_copy / "index.json").write_text("{not json")
     with pytest.raises(ManifestError, match="not valid JSON"):
         dataset(packed_copy)
-    with pytest.raises(ManifestError, match=r"no index\.json"):
+    with pytest.raises(ManifestError, match=r"nowhere does not exist: check the path"):
         dataset(tmp_path / "nowhere")
+    with pytest.raises(ManifestError, match=r"no index\.json in"):
+        dataset(tmp_path)
 
 
 @pytest.mark.parametrize(

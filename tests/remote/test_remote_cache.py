@@ -7,6 +7,7 @@ import hashlib
 import multiprocessing
 import os
 import random
+import shutil
 import time
 
 import pytest
@@ -107,6 +108,27 @@ def test_writing_past_the_reservation_is_refused(tmp_path):
     reservation.write(b"x" * 5)
     with pytest.raises(ValueError, match="committing 5 of 10"):
         reservation.commit()
+
+
+def test_abort_after_a_failed_commit_closes_nothing_twice(tmp_path):
+    # A download thread commits; when that fails (here: the cache directory is gone, as when a
+    # benchmark removes its temporary cache while downloads run), it aborts. The file descriptor
+    # must be closed once: a second close raised EBADF (a thread traceback), or closed a file that
+    # reused the number meanwhile.
+    root = tmp_path / "cache"
+    reservation = ShardCache(root, 10_000).reserve("a.tar", sha(b"abc"), 3)
+    assert reservation is not None
+    reservation.write(b"abc")
+    shutil.rmtree(root)
+    with pytest.raises(FileNotFoundError):
+        reservation.commit()
+    with open(tmp_path / "other", "wb") as other:  # likely takes the number just closed
+        reservation.abort()
+        os.fstat(other.fileno())  # still open
+        other.write(b"still mine")
+    assert (tmp_path / "other").read_bytes() == b"still mine"
+    with pytest.raises(ValueError, match="has ended"):
+        reservation.write(b"")
 
 
 def _churn(root: str, limit: int, seed: int, seconds: float) -> int:

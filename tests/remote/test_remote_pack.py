@@ -80,7 +80,7 @@ def test_a_killed_upload_resumes_to_the_same_shards(s3, remote_tree, remote_pack
     url = f"{bucket}/killed"
     opts = [f"-o{k}={v}" for k, v in options.items()]
     cmd = [sys.executable, "-m", "imgshards.cli", "pack", str(remote_tree), url, *opts, "--no-progress"]
-    cmd += ["--shard-size", str(SHARD_SIZE), "--workers", "1", "--check", "full"]
+    cmd += ["--shard-size", f"{SHARD_SIZE}B", "--workers", "1", "--check", "full"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     records: list[str] = []
@@ -115,7 +115,7 @@ def test_foreign_shards_are_refused(s3, remote_tree):
     bucket, options = s3
     fs, _ = fsspec.core.url_to_fs(bucket, **options)
     fs.pipe(f"{bucket}/foreign/train-000000.tar", b"not ours")
-    with pytest.raises(DestinationError, match="1 shards of split 'train' not made by"):
+    with pytest.raises(DestinationError, match="1 shard of split 'train' not made by"):
         pack_to_url(remote_tree, f"{bucket}/foreign", config(), storage_options=options)
 
 

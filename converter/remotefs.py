@@ -1,0 +1,162 @@
+"""The file system of a URL destination: its root, atomic uploads, retried calls, and a first check.
+
+The check, before a pack to a URL: can its bucket be reached and used? A pack's own calls retry for
+many seconds (botocore's and s3fs's retries), then fail with the file system's own error; the check
+looks the bucket up once, on S3 with a short connect timeout and no retries, and says in one line
+which it is: the endpoint cannot be reached, the bucket does not exist, no credentials were found,
+or access is denied.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import DestinationError
+
+__all__ = ["Remote", "check_bucket", "one_line"]
+
+# Protocols whose PUT is atomic (a partial object never appears under the final name).
+_ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
+_UPLOAD_ATTEMPTS = 4
+T = TypeVar("T")
+# botocore's configuration for the check: a dead endpoint fails in seconds, not after retries.
+_FAST_S3 = {"connect_timeout": 3, "read_timeout": 15, "retries": {"max_attempts": 1, "mode": "standard"}}
+
+
+def check_bucket(
+    url: str, bucket: str, protocols: frozenset[str], storage_options: Mapping[str, Any]
+) -> None:
+    """Look up ``bucket`` of the object store at ``url`` once, failing fast.
+
+    Raises:
+        DestinationError: the endpoint is unreachable, the bucket is missing, no credentials were
+            found, or access is denied; the message says which, and what to do.
+
+    """
+    from fsspec.core import url_to_fs
+
+    options = dict(storage_options)
+    if protocols & {"s3", "s3a"}:
+        options["config_kwargs"] = {**(options.get("config_kwargs") or {}), **_FAST_S3}
+    endpoint = options.get("endpoint_url")
+    at = f" at {endpoint}" if endpoint else ""
+    try:
+        fs, _ = url_to_fs(url, **options)
+        fs.info(bucket)
+    except FileNotFoundError:
+        raise DestinationError(
+            f"bucket {bucket!r} of {url} does not exist{at}: create it first, or fix the URL"
+        ) from None
+    except PermissionError as e:
+        raise DestinationError(
+            f"access to bucket {bucket!r} of {url} is denied{at} ({one_line(e)}): check the credentials "
+            "and their permissions on the bucket"
+        ) from None
+    except Exception as e:  # the file system's own errors: botocore, aiohttp, google.auth...
+        name = type(e).__name__
+        if "Credentials" in name:  # botocore's NoCredentialsError, google.auth's DefaultCredentialsError
+            raise DestinationError(
+                f"no credentials for {url}: set them as the cloud SDK reads them (for S3: "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as "
+                "storage options (imgshards: -o key=... -o secret=...)"
+            ) from None
+        raise DestinationError(
+            f"cannot reach {url}{at}: {name}: {one_line(e)}; check the network and the endpoint "
+            "(storage option endpoint_url; imgshards: -o endpoint_url=URL)"
+        ) from None
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line, cut to a readable length (a cloud error can be a page)."""
+    return " ".join(str(e).split())[:300]
+
+
+class Remote:
+    """The destination's file system and root, with atomic uploads and retried calls."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
+        from fsspec.core import url_to_fs
+
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options)
+        try:
+            self.fs, root = url_to_fs(self.url, **storage_options)
+        except ImportError as e:  # fsspec names the package the protocol needs
+            raise DestinationError(f"cannot use {url}: {e}") from e
+        except Exception as e:  # an unknown protocol (a typo), an option the file system refuses
+            raise DestinationError(f"cannot use {url}: {type(e).__name__}: {one_line(e)}") from e
+        self.root = root.rstrip("/")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.protocols = frozenset(protocols)
+        self.atomic_put = bool(_ATOMIC_PUT.intersection(protocols))
+
+    def check(self) -> None:
+        """Fail in one line, within seconds, if the bucket cannot be reached or used: :func:`check_bucket`."""
+        if self.atomic_put:  # an object store: its bucket is the URL's first part
+            check_bucket(self.url, self.root.split("/", 1)[0], self.protocols, self.storage_options)
+
+    def path(self, name: str) -> str:
+        """The path of ``name`` (relative to the root) on the file system."""
+        return f"{self.root}/{name}"
+
+    def sizes(self, folder: str = "") -> dict[str, int]:
+        """Name -> size of the files directly in ``folder`` (relative to the root); {} if none."""
+        path = self.path(folder).rstrip("/")
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {
+            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+            for e in entries
+            if e.get("type") != "directory"
+        }
+
+    def read(self, name: str) -> bytes | None:
+        """The bytes of ``name``, or None if there is no such file (other errors retried)."""
+        try:
+            return bytes(self._retry(f"read {name}", lambda: self.fs.cat_file(self.path(name))))
+        except FileNotFoundError:
+            return None
+
+    def put_file(self, local: Path, name: str) -> None:
+        """Upload ``local`` to ``name`` so that no partial file ever shows under that name."""
+        final = self.path(name)
+        if self.atomic_put:
+            self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), final))
+            return
+        folder, _, base = name.rpartition("/")
+        tmp = self.path(f"{folder}/.{base}.partial" if folder else f".{base}.partial")
+        self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
+        self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Upload ``data`` to ``name``, as :meth:`put_file`."""
+        with tempfile.NamedTemporaryFile(prefix="imgshards-upload-") as f:
+            f.write(data)
+            f.flush()
+            self.put_file(Path(f.name), name)
+
+    def remove(self, names: list[str]) -> None:
+        """Remove the files ``names`` (relative to the root)."""
+        if names:
+            self._retry("remove", lambda: self.fs.rm([self.path(n) for n in names]))
+
+    def _retry(self, what: str, call: Callable[[], T]) -> T:
+        for attempt in range(1, _UPLOAD_ATTEMPTS + 1):
+            try:
+                return call()
+            except (FileNotFoundError, PermissionError):
+                raise
+            except Exception as e:  # the file system's own errors (botocore, aiohttp...): retried
+                if attempt == _UPLOAD_ATTEMPTS:
+                    raise DestinationError(
+                        f"cannot {what} at {self.url} after {attempt} tries: {type(e).__name__}: {e}"
+                    ) from e
+                time.sleep(0.5 * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
