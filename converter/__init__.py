@@ -7,7 +7,7 @@ Then verify and describe them.
 
 from .check import Check, Reason
 from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
-from .errors import DestinationError, ImgshardsError, ManifestError, SourceError, SplitFileError
+from .errors import DestinationError, EngineError, ImgshardsError, ManifestError, SourceError, SplitFileError
 from .formats import reader_warnings
 from .index import IndexConfig, IndexResult, index, read_classes
 from .manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
@@ -24,6 +24,7 @@ __all__ = [
     "INDEX_NAME",
     "Check",
     "DestinationError",
+    "EngineError",
     "ImgshardsError",
     "IndexConfig",
     "IndexResult",

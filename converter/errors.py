@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "DestinationError",
+    "EngineError",
     "ImgshardsError",
     "ManifestError",
     "PackError",
@@ -48,3 +49,7 @@ class UnsafeFileError(ImgshardsError, OSError):
 
 class PackError(ImgshardsError):
     """``pack`` could not finish (the disk is full, a worker process died); rerunning it resumes."""
+
+
+class EngineError(ImgshardsError):
+    """``pack --engine ray`` cannot run: Ray is missing, no cluster answers, or a node's libraries differ."""
