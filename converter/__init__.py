@@ -6,7 +6,7 @@ Then verify and describe them.
 """
 
 from .check import Check, Reason
-from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
+from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
 from .errors import DestinationError, EngineError, ImgshardsError, ManifestError, SourceError, SplitFileError
 from .formats import reader_warnings
 from .index import IndexConfig, IndexResult, index, read_classes
@@ -20,6 +20,7 @@ from .verify import ShardProblem, VerifyReport, verify
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
+    "ENGINES",
     "IMG_EXTENSIONS",
     "INDEX_NAME",
     "Check",

@@ -13,7 +13,6 @@ machines), which only runs them: the plan, records, rejects and index stay here,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import logging
@@ -22,14 +21,12 @@ import shutil
 import time
 from collections import Counter
 from concurrent.futures import Executor, Future
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from .attempts import cut_off
-from .check import Check
 from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
 from .destination import (
     REJECTS_DIR,
@@ -43,18 +40,19 @@ from .destination import (
     write_index,
 )
 from .engine import Engine, make_engine
-from .errors import DestinationError, SourceError, SplitFileError
+from .errors import DestinationError, SourceError
 from .failures import explained
 from .formats import main_format
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from .plan import Plan, estimated_sample_bytes, make_plan
+from .plan import Plan, estimated_sample_bytes
 from .pool import Progress
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
 from .scan import Reject, ScanResult, scan_tree
-from .splits import Part, read_split_file, split_by_file, split_stratified, whole
+from .splits import Part, read_split_file
+from .tasks import plan_part, shard_task, split_names, split_parts
 from .verify import hash_file
-from .write import GatherTask, ShardRecord, ShardTask, gather, write_atomic, write_shard
+from .write import GatherTask, ShardRecord, gather, write_atomic, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "pack"]
 
@@ -92,7 +90,7 @@ def pack(
     if not src_path.is_dir():
         raise SourceError(f"source directory {src_path} does not exist or is not a directory")
     listed = read_split_file(config.split_file) if config.split_file is not None else None
-    names = _split_names(config, listed)
+    names = split_names(config, listed)
     try:
         for name in names:
             (dst_path / STATE_DIR / name).mkdir(parents=True, exist_ok=True)
@@ -113,13 +111,13 @@ def pack(
             scan = _scan(src_path, engine.executor(), config.progress)
             log.info("scanned %d files in %.1f s", len(scan), time.perf_counter() - started)
             check_classes(dst_path, names, scan)
-            parts = _split(scan, config, listed)
+            parts = split_parts(scan, config, listed)
             # The disk-order gather reads the tree on one host: on a cluster each task reads its files.
             wanted = ReadOrder(config.read_order) if engine.gathers else ReadOrder.PLAN
             order = choose_read_order(wanted, scan)
             log.info("reading the tree in %s order", order.value)
             for part in parts:
-                plan = _plan(part, len(scan), config)
+                plan = plan_part(part, len(scan), config)
                 planned.append(int(estimated_sample_bytes(part.scan.sizes).sum()))
                 log.info("planned %d shards of split %s", plan.num_shards, part.name)
                 state = dst_path / STATE_DIR / part.name
@@ -147,45 +145,6 @@ def pack(
         nodes=dict(sorted(nodes.items())),
         retried=tuple(retried),
     )
-
-
-def _split_names(config: PackConfig, listed: dict[str, list[str]] | None) -> tuple[str, ...]:
-    if listed is not None:
-        return tuple(listed)
-    if config.val_fraction is not None:
-        return (config.split, config.val_split)
-    return (config.split,)
-
-
-def _split(scan: ScanResult, config: PackConfig, listed: dict[str, list[str]] | None) -> list[Part]:
-    """The parts of the tree to pack, each a split; refuses an empty one."""
-    if listed is not None:
-        parts = split_by_file(scan, listed, str(config.split_file))
-        empty = [p.name for p in parts if not len(p.scan)]
-        if empty:
-            raise SplitFileError(
-                f"split file {config.split_file} lists no image for split(s) {', '.join(empty)}"
-            )
-        return parts
-    if config.val_fraction is None:
-        return whole(config.split, scan)
-    parts = split_stratified(scan, (config.split, config.val_split), config.val_fraction, config.seed)
-    if not len(parts[1].scan):
-        raise SourceError(
-            f"--val-fraction {config.val_fraction} leaves split {config.val_split!r} empty: every class of "
-            f"{scan.root} has a single image (a class needs two to give one to each split)"
-        )
-    return parts
-
-
-def _plan(part: Part, tree_size: int, config: PackConfig) -> Plan:
-    """The part's plan; its keys are positions in the whole tree, and its fingerprint covers them."""
-    plan = make_plan(part.scan, seed=config.seed, shard_size=config.shard_size)
-    if part.whole:
-        return plan
-    h = hashlib.sha256(plan.fingerprint.encode())
-    h.update(part.positions.astype("<i8").tobytes())
-    return replace(plan, key_width=max(6, len(str(max(tree_size - 1, 0)))), fingerprint=h.hexdigest())
 
 
 def _scan(src: Path, pool: Executor, progress: bool) -> ScanResult:
@@ -236,27 +195,10 @@ def _write_all(
         log.info("gathered the files of %d shards in %.1f s", len(todo), time.perf_counter() - started)
     image_format = None if config.keep_formats or config.resize is not None else main_format(scan.paths)
 
-    def make_task(i: int) -> ShardTask:
-        idx = plan.shard(i)
-        return ShardTask(
-            index=i,
-            name=shard_name(split, i),
-            dst=str(dst),
-            buckets=tuple(sorted(buckets.get(i, ()))),
-            paths=scan.paths.take(idx),
-            labels=scan.labels[idx],
-            keys=part.positions[idx],
-            classes=scan.classes,
-            key_width=plan.key_width,
-            check=Check(config.check),
-            resize=config.resize,
-            quality=config.quality,
-            image_format=image_format,
-            src=str(scan.root) if direct else None,
-            sizes=scan.sizes[idx] if direct else None,
-        )
-
-    tasks = (make_task(i) for i in todo)
+    tasks = (
+        shard_task(part, plan, i, dst, config, image_format, None if direct else buckets.get(i, []))
+        for i in todo
+    )
     bar = Progress(f"pack {split}", sum(len(plan.shard(i)) for i in todo), config.progress)
     recoded = config.resize is not None or image_format is not None  # bytes that depend on the codecs
     for task, record, node in engine.map(write_shard, tasks, bar, same_codecs=recoded):
