@@ -10,17 +10,19 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from imgshards.converter import EngineError, PackConfig, PackHooks, pack, scan_tree, verify
+from imgshards.converter import EngineError, PackConfig, pack, scan_tree, verify
 from imgshards.converter.tasks import plan_part, shard_task, split_parts
 from imgshards.converter.write import write_shard
 
@@ -43,6 +45,9 @@ def _start_cluster() -> Cluster:
     On a loaded machine that can happen; the processes of a failed try (all started by this process,
     as children) are killed before the next.
     """
+    # Under load a raylet's Python agents can take longer to start than the raylet waits for them
+    # (it then aborts); the nodes inherit this from the environment.
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
     health = {
         "health_check_period_ms": 500,
         "health_check_failure_threshold": 3,
@@ -177,7 +182,7 @@ def test_two_attempts_at_one_shard_at_once_write_it_whole(cluster, mixed_tree, t
 
     first_node, second_node = cluster.worker_nodes
     first = on(first_node)
-    frozen, shards = _freeze_mid_shard(first_node, out)
+    _, frozen, shards = _freeze_mid_shard([first_node], out)
     try:
         assert shards == ["train-000000.tar"]
         second, _ = ray.get(on(second_node), timeout=120)
@@ -230,49 +235,73 @@ def _processes(node) -> list:
     return [psutil.Process(raylet), *psutil.Process(raylet).children(recursive=True)]
 
 
-def _freeze_mid_shard(node, out: Path) -> tuple[list, list[str]]:
-    """SIGSTOP a node's processes at a moment it is writing a shard into ``out``: those and the shards.
+def _attempts(pids: set[int], out: Path) -> list[str]:
+    """The shards processes ``pids`` are writing into ``out`` now, from their attempts' files.
 
-    A node between two shards is let go on a moment and frozen again.
+    An attempt's temporary file is ``.{shard}.{host}.{pid}.{random}.partial``.
+    """
+    return sorted(
+        p.name[1:].split(".tar.")[0] + ".tar"
+        for p in out.glob(".*.partial")
+        if int(p.name.split(".")[-3]) in pids
+    )
+
+
+def _freeze_mid_shard(nodes, out: Path, stop: threading.Event | None = None):
+    """SIGSTOP the first of ``nodes`` seen writing a shard into ``out``, while it is.
+
+    Returns the node, its processes (stopped) and the shards it was writing; ``None`` if ``stop`` is
+    set first. The directory is watched; a node is frozen only when one of its attempts shows, and
+    let go again if that attempt finished before it froze.
     """
     deadline = time.monotonic() + 120
-    while True:
-        assert time.monotonic() < deadline, "the node never held a shard to freeze"
-        procs = _processes(node)
-        for p in procs:
-            p.suspend()
-        pids = {p.pid for p in procs}
-        # An attempt's temporary file: .{shard}.{host}.{pid}.{random}.partial
-        shards = sorted(
-            p.name[1:].split(".tar.")[0] + ".tar"
-            for p in out.glob(".*.partial")
-            if int(p.name.split(".")[-3]) in pids
-        )
-        if shards:
-            return procs, shards
-        for p in procs:
-            p.resume()
-        time.sleep(0.005)
+    while not (stop is not None and stop.is_set()):
+        assert time.monotonic() < deadline, "no node held a shard to freeze"
+        if any(out.glob(".*.partial")):
+            for node in nodes:
+                procs = _processes(node)
+                pids = {p.pid for p in procs}
+                if not _attempts(pids, out):
+                    continue
+                for p in procs:
+                    p.suspend()
+                if shards := _attempts(pids, out):
+                    return node, procs, shards
+                for p in procs:
+                    p.resume()
+        time.sleep(0.001)
+    return None
 
 
-def test_a_node_killed_mid_run_changes_nothing(cluster, mixed_tree, baselines, tmp_path):
-    victim = min(cluster.worker_nodes, key=lambda n: n.node_id)
+def test_a_node_killed_mid_run_changes_nothing(cluster, mixed_tree, tmp_path):
+    # Shards of a dozen images, so that each is being written for a while.
+    options = {"resize": 32, "shard_size": 40_000}
+    baseline = tmp_path / "pool"
+    pack(mixed_tree, baseline, PackConfig(workers=2, **options))
     out = tmp_path / "out"
-    cut: list[str] = []
+    out.mkdir()
+    done = threading.Event()
+    killed = []
 
-    def kill_the_node_mid_shard(path: Path, record) -> None:
-        if cut:
+    def kill_a_node_mid_shard() -> None:
+        if (frozen := _freeze_mid_shard(list(cluster.worker_nodes), out, done)) is None:
             return
-        frozen, shards = _freeze_mid_shard(victim, out)
-        cut.extend(shards)
-        for p in frozen:
+        node, procs, shards = frozen
+        for p in procs:
             p.kill()  # SIGKILL: the raylet and its workers, mid-shard
-        cluster.remove_node(victim, allow_graceful=False)
+        cluster.remove_node(node, allow_graceful=False)
+        killed.append((node.node_id[:8], shards))
 
-    hooks = PackHooks(on_shard=kill_the_node_mid_shard)
-    result = pack(mixed_tree, out, PackConfig(engine="ray", **RESIZED), hooks=hooks)
-    assert cut and result.retried == tuple(cut)  # the shard cut off was written again, and is shown
-    survivors = [node for node in result.nodes if not node.endswith(victim.node_id[:8])]
-    assert len(survivors) == 1
-    assert_identical(out, baselines["resized"])
+    killer = threading.Thread(target=kill_a_node_mid_shard)
+    killer.start()
+    try:
+        result = pack(mixed_tree, out, PackConfig(engine="ray", **options))
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "the run ended before a node could be killed mid-shard"
+    ((victim, cut),) = killed
+    assert result.retried == tuple(cut)  # the shard cut off was written again, and is shown
+    assert [node for node in result.nodes if not node.endswith(victim)]  # by the other node
+    assert_identical(out, baseline)
     assert verify(out).ok
