@@ -22,7 +22,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from imgshards.converter import EngineError, PackConfig, pack, scan_tree, verify
+from imgshards.converter import (
+    DestinationError,
+    EngineError,
+    PackConfig,
+    pack,
+    pack_to_url,
+    scan_tree,
+    verify,
+)
 from imgshards.converter.tasks import plan_part, shard_task, split_parts
 from imgshards.converter.write import write_shard
 
@@ -159,6 +167,11 @@ def test_a_node_with_other_codecs_is_named(cluster, mixed_tree, tmp_path, monkey
     with pytest.raises(EngineError, match=r"node \S+:[0-9a-f]{8} re-encodes images .*pillow") as e:
         pack(mixed_tree, tmp_path / "out", PackConfig(engine="ray", **RESIZED))
     assert "\n" not in str(e.value)
+
+
+def test_a_url_destination_on_ray_needs_a_shared_staging_directory(mixed_tree):
+    with pytest.raises(DestinationError, match=r"with a URL \(s3://bucket/prefix\) needs --staging DIR"):
+        pack_to_url(mixed_tree, "s3://bucket/prefix", PackConfig(engine="ray"))
 
 
 def test_two_attempts_at_one_shard_at_once_write_it_whole(cluster, mixed_tree, tmp_path):
