@@ -318,3 +318,11 @@ def test_a_node_killed_mid_run_changes_nothing(cluster, mixed_tree, tmp_path):
     assert [node for node in result.nodes if not node.endswith(victim)]  # by the other node
     assert_identical(out, baseline)
     assert verify(out).ok
+
+
+def test_ray_address_without_the_ray_engine_is_a_usage_error(mixed_tree, tmp_path):
+    cmd = [str(IMGSHARDS), "pack", str(mixed_tree), str(tmp_path / "out"), "--ray-address", "auto"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "ray_address applies to engine 'ray' only" in run.stderr
+    assert not (tmp_path / "out").exists()
