@@ -174,6 +174,28 @@ def test_a_url_destination_on_ray_needs_a_shared_staging_directory(mixed_tree):
         pack_to_url(mixed_tree, "s3://bucket/prefix", PackConfig(engine="ray"))
 
 
+def test_a_url_destination_on_ray_is_the_pools_too(cluster, mixed_tree, baselines, tmp_path, monkeypatch):
+    # The nodes write into a staging directory they share (here, one machine's), the driver uploads.
+    fsspec = pytest.importorskip("fsspec")
+    moto_server = pytest.importorskip("moto.server")
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        options = {"key": "testing", "secret": "testing", "endpoint_url": f"http://{host}:{port}"}
+        fs = fsspec.filesystem("s3", **options)
+        fs.mkdir("packed")
+        config = PackConfig(engine="ray", **RESIZED)
+        pack_to_url(mixed_tree, "s3://packed/ds", config, storage_options=options, staging=tmp_path / "stage")
+        uploaded = {p.split("packed/ds/", 1)[1]: fs.cat_file(p) for p in fs.find("packed/ds")}
+    finally:
+        server.stop()
+    assert uploaded == files(baselines["resized"])
+
+
 def test_two_attempts_at_one_shard_at_once_write_it_whole(cluster, mixed_tree, tmp_path):
     # One shard of the whole tree, written first here (the reference), then by two Ray attempts that
     # overlap for sure: the first is frozen mid-shard while the second writes the shard whole, then
