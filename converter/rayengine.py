@@ -130,6 +130,20 @@ class RayExecutor(Executor):
             raise _unwrapped(e, f"a task ({getattr(fn, '__name__', fn)})") from None
 
 
+def _check_reachable(address: str | None) -> None:
+    """Fail at once on a ``HOST:PORT`` nothing listens on (Ray itself retries it for minutes)."""
+    if address is None or address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except (OSError, ValueError) as e:
+        raise EngineError(
+            f"no Ray cluster answers at {address} ({getattr(e, 'strerror', None) or e}); start one with "
+            "`ray start --head` there, or pass the address `ray start` printed"
+        ) from None
+
+
 class RayEngine:
     """Ray Core tasks on the cluster at ``address`` (see :func:`~.engine.make_engine`)."""
 
@@ -139,6 +153,7 @@ class RayEngine:
     def __init__(self, address: str | None = None) -> None:
         self._owned = not ray.is_initialized()
         if self._owned:
+            _check_reachable(address)
             try:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             except (ConnectionError, RuntimeError, ValueError) as e:

@@ -348,3 +348,13 @@ def test_ray_address_without_the_ray_engine_is_a_usage_error(mixed_tree, tmp_pat
     assert run.returncode == 2
     assert "ray_address applies to engine 'ray' only" in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_address_nothing_answers_at_fails_at_once(mixed_tree, tmp_path):
+    cmd = [str(IMGSHARDS), "pack", str(mixed_tree), str(tmp_path / "out"), "--engine", "ray"]
+    run = subprocess.run([*cmd, "--ray-address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "Error: no Ray cluster answers at 127.0.0.1:1 (Connection refused); start one with "
+        "`ray start --head` there, or pass the address `ray start` printed"
+    ]
