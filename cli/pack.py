@@ -11,6 +11,7 @@ import click
 
 from imgshards.converter import (
     DEFAULT_SHARD_SIZE,
+    ENGINES,
     Check,
     PackConfig,
     PackResult,
@@ -99,6 +100,20 @@ __all__ = ["pack", "print_summary", "summary_json"]
     show_default=True,
     help="disk: gather the tree in inode order first (cold trees); plan: read each shard's files "
     "straight from the tree (warm trees, SSDs); auto: plan when the tree is in the page cache.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    default="pool",
+    show_default=True,
+    help="pool: worker processes on this machine; ray: Ray tasks across the machines of a Ray cluster "
+    "(every node sees SRC and DST at the same paths). Same output either way; either resumes the other.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="--engine ray: the cluster to join (auto, HOST:6379, ray://HOST:10001) "
+    "[default: RAY_ADDRESS, or a new local cluster].",
 )
 @click.option("--overwrite", is_flag=True, help="Replace a split packed into DST with other arguments.")
 @click.option(
@@ -221,6 +236,9 @@ def summary_json(result: PackResult) -> dict[str, Any]:
         "shards_reused": result.shards_reused,
         "seconds": round(result.seconds, 3),
         "read_order": result.read_order,
+        "engine": result.engine,
+        "nodes": dict(result.nodes),
+        "retried": list(result.retried),
         "warnings": [*result.warnings, *_warnings(result)],
     }
 
@@ -252,5 +270,10 @@ def print_summary(result: PackResult) -> None:
         f"  {plural(result.shards_written, 'shard')} written, {result.shards_reused:,} reused from an "
         f"earlier run, in {result.seconds:.1f} s ({rate:,.0f} samples/s overall)"
     )
+    if result.engine != "pool":
+        per_node = ", ".join(f"{node} {n}" for node, n in result.nodes.items()) or "none"
+        click.echo(f"  shards written per node ({len(result.nodes)} nodes): {per_node}")
+    if result.retried:
+        click.echo(f"  written again after an attempt was cut off: {', '.join(result.retried)}")
     for warning in [*result.warnings, *_warnings(result)]:
         click.secho(f"  warning: {warning}", fg="yellow")

@@ -6,8 +6,8 @@ Then verify and describe them.
 """
 
 from .check import Check, Reason
-from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
-from .errors import DestinationError, ImgshardsError, ManifestError, SourceError, SplitFileError
+from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
+from .errors import DestinationError, EngineError, ImgshardsError, ManifestError, SourceError, SplitFileError
 from .formats import reader_warnings
 from .index import IndexConfig, IndexResult, index, read_classes
 from .manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
@@ -20,10 +20,12 @@ from .verify import ShardProblem, VerifyReport, verify
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
+    "ENGINES",
     "IMG_EXTENSIONS",
     "INDEX_NAME",
     "Check",
     "DestinationError",
+    "EngineError",
     "ImgshardsError",
     "IndexConfig",
     "IndexResult",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +19,15 @@ from .readorder import ReadOrder
 from .splits import SPLIT_CHARS
 from .write import ShardRecord
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult"]
+__all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "PackConfig", "PackHooks", "PackResult"]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
+ENGINES = ("pool", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PackConfig:
-    """How to pack a tree. Fields other than workers, read_order, overwrite, progress shape the output.
+    """How to pack a tree. Fields other than how and where it runs (workers ... progress) shape the output.
 
     Attributes:
         split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
@@ -51,6 +52,11 @@ class PackConfig:
         workers: Worker processes writing shards; ``None`` for one per core.
         read_order: ``"disk"`` (gather the tree in inode order first), ``"plan"`` (read each shard's
             files straight from the tree) or ``"auto"`` (``plan`` when the tree is in the page cache).
+        engine: Where the shards are written: ``"pool"`` (worker processes on this machine) or
+            ``"ray"`` (Ray tasks across a cluster's machines; see :mod:`imgshards.converter.rayengine`).
+            The output is the same bytes either way, and a run of one can be resumed by the other.
+        ray_address: The Ray cluster to join (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``);
+            ``None`` joins the one this process is connected to, or starts a local one.
         overwrite: Replace a split packed into ``dst`` with other arguments or from another tree.
         progress: Show progress bars on stderr.
         strict: Refuse a tree that looks like the wrong folder (class folders named like splits, or
@@ -72,6 +78,8 @@ class PackConfig:
     split_file: str | os.PathLike[str] | None = None
     workers: int | None = None
     read_order: ReadOrder | str = ReadOrder.AUTO
+    engine: str = "pool"
+    ray_address: str | None = None
     overwrite: bool = False
     progress: bool = False
     strict: bool = False
@@ -107,6 +115,10 @@ class PackConfig:
             raise ValueError(f"quality must be between 1 and 100, got {self.quality}")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {self.engine!r}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise ValueError("ray_address applies to engine 'ray' only")
 
     def output_args(self, src: Path) -> dict[str, Any]:
         """The arguments that shape the output, as recorded in the index."""
@@ -159,6 +171,9 @@ class PackResult:
     seconds: float
     splits: tuple[str, ...] = ()
     read_order: str = ReadOrder.DISK.value
+    engine: str = "pool"
+    nodes: dict[str, int] = field(default_factory=dict)
+    retried: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
     @property

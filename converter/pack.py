@@ -6,28 +6,26 @@ destination (:mod:`.destination`). Re-running the same command after a crash che
 shards against their records (and their files against what they were packed from, :mod:`.resume`),
 writes the rest, and gives output byte-identical to an uninterrupted run. The index is written
 last, under a lock, so several splits can be packed into one destination. The arguments are a
-:class:`~.config.PackConfig`; the worker processes and their progress bars are :mod:`.pool`'s.
+:class:`~.config.PackConfig`; the tasks run on an :mod:`.engine` (the local pool, or Ray across
+machines), which only runs them: the plan, records, rejects and index stay here, in the driver.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import logging
 import os
 import time
 from collections import Counter
-from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import replace
+from concurrent.futures import Executor, Future
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .check import Check
+from .attempts import cut_off
 from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
 from .destination import (
     REJECTS_DIR,
@@ -41,20 +39,22 @@ from .destination import (
     shard_name,
     write_index,
 )
-from .errors import DestinationError, SourceError, SplitFileError
+from .engine import Engine, make_engine
+from .errors import DestinationError, SourceError
 from .failures import explained
 from .formats import main_format
 from .locate import url_typo
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from .plan import Plan, estimated_sample_bytes, make_plan
-from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
+from .plan import Plan, estimated_sample_bytes
+from .pool import Progress
 from .readorder import ReadOrder, choose_read_order
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan import Reject, ScanResult, scan_tree, tree_warnings
-from .splits import Part, read_split_file, split_by_file, split_stratified, whole
+from .splits import Part, read_split_file
+from .tasks import plan_part, shard_task, split_names, split_parts
 from .verify import hash_file
-from .write import GatherTask, ShardRecord, ShardTask, gather, write_shard
+from .write import GatherTask, ShardRecord, gather, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "pack"]
 
@@ -98,36 +98,39 @@ def pack(
     if config.strict and suspicious:
         raise SourceError(f"refused (strict): {suspicious[0]}")
     listed = read_split_file(config.split_file) if config.split_file is not None else None
-    names = _split_names(config, listed)
-    counter = shared_counter()
+    names = split_names(config, listed)
     planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
     with contextlib.ExitStack() as locks:
         locks.enter_context(explained(dst_path, sorted(names), planned))
         locks.enter_context(claim(dst_path, names))  # a refused run leaves no lock behind
-        workers = config.workers or default_workers()
-        pool = start_pool(workers, {"counter": counter})
+        engine = make_engine(config.engine, workers=config.workers, ray_address=config.ray_address)
         written = reused = 0
         done: list[tuple[Part, list[ShardRecord]]] = []
+        nodes: Counter[str] = Counter()
+        retried: list[str] = []
         try:
-            scan = _scan(src_path, pool, config.progress)
+            scan = _scan(src_path, engine.executor(), config.progress)
             log.info("scanned %d files in %.1f s", len(scan), time.perf_counter() - started)
             check_classes(dst_path, names, scan)
-            parts = _split(scan, config, listed)
-            order = choose_read_order(ReadOrder(config.read_order), scan)
+            parts = split_parts(scan, config, listed)
+            # The disk-order gather reads the tree on one host: on a cluster each task reads its files.
+            wanted = ReadOrder(config.read_order) if engine.gathers else ReadOrder.PLAN
+            order = choose_read_order(wanted, scan)
             log.info("reading the tree in %s order", order.value)
             for part in parts:
-                plan = _plan(part, len(scan), config)
+                plan = plan_part(part, len(scan), config)
                 planned.append(int(estimated_sample_bytes(part.scan.sizes).sum()))
                 log.info("planned %d shards of split %s", plan.num_shards, part.name)
                 state = dst_path / STATE_DIR / part.name
                 prepare(dst_path, state, config.output_args(src_path), config.overwrite, plan, part.name)
                 n_written, n_reused, records = _write_all(
-                    pool, workers, part, plan, dst_path, state, config, counter, hooks or PackHooks(), order
+                    engine, part, plan, dst_path, state, config, hooks or PackHooks(), order, nodes
                 )
                 written, reused = written + n_written, reused + n_reused
+                retried += cut_off(dst_path, part.name)
                 done.append((part, records))
         finally:
-            pool.shutdown(cancel_futures=True)
+            engine.close()
         log.info("wrote %d shards, reused %d, at %.1f s", written, reused, time.perf_counter() - started)
         manifest = _finish(dst_path, config, src_path, scan, done)
     return PackResult(
@@ -140,49 +143,13 @@ def pack(
         splits=names,
         read_order=order.value,
         warnings=suspicious,
+        engine=engine.name,
+        nodes=dict(sorted(nodes.items())),
+        retried=tuple(retried),
     )
 
 
-def _split_names(config: PackConfig, listed: dict[str, list[str]] | None) -> tuple[str, ...]:
-    if listed is not None:
-        return tuple(listed)
-    if config.val_fraction is not None:
-        return (config.split, config.val_split)
-    return (config.split,)
-
-
-def _split(scan: ScanResult, config: PackConfig, listed: dict[str, list[str]] | None) -> list[Part]:
-    """The parts of the tree to pack, each a split; refuses an empty one."""
-    if listed is not None:
-        parts = split_by_file(scan, listed, str(config.split_file))
-        empty = [p.name for p in parts if not len(p.scan)]
-        if empty:
-            raise SplitFileError(
-                f"split file {config.split_file} lists no image for split(s) {', '.join(empty)}"
-            )
-        return parts
-    if config.val_fraction is None:
-        return whole(config.split, scan)
-    parts = split_stratified(scan, (config.split, config.val_split), config.val_fraction, config.seed)
-    if not len(parts[1].scan):
-        raise SourceError(
-            f"--val-fraction {config.val_fraction} leaves split {config.val_split!r} empty: every class of "
-            f"{scan.root} has a single image (a class needs two to give one to each split)"
-        )
-    return parts
-
-
-def _plan(part: Part, tree_size: int, config: PackConfig) -> Plan:
-    """The part's plan; its keys are positions in the whole tree, and its fingerprint covers them."""
-    plan = make_plan(part.scan, seed=config.seed, shard_size=config.shard_size)
-    if part.whole:
-        return plan
-    h = hashlib.sha256(plan.fingerprint.encode())
-    h.update(part.positions.astype("<i8").tobytes())
-    return replace(plan, key_width=max(6, len(str(max(tree_size - 1, 0)))), fingerprint=h.hexdigest())
-
-
-def _scan(src: Path, pool: ProcessPoolExecutor, progress: bool) -> ScanResult:
+def _scan(src: Path, pool: Executor, progress: bool) -> ScanResult:
     with tqdm(desc="scan", unit=" classes", disable=not progress, leave=False) as bar:
         files = 0
 
@@ -202,73 +169,57 @@ def _scan(src: Path, pool: ProcessPoolExecutor, progress: bool) -> ScanResult:
 
 
 def _write_all(
-    pool: ProcessPoolExecutor,
-    workers: int,
+    engine: Engine,
     part: Part,
     plan: Plan,
     dst: Path,
     state: Path,
     config: PackConfig,
-    counter: Any,
     hooks: PackHooks,
     order: ReadOrder,
+    nodes: Counter[str],
 ) -> tuple[int, int, list[ShardRecord]]:
-    """Write every shard not already done; check the done ones; return counts and all records."""
+    """Write every shard not already done; check the done ones; return counts and all records.
+
+    ``nodes`` is counted up by the shards each node writes.
+    """
     scan, split = part.scan, part.name
-    records = _check_done(pool, plan, dst, state, split, hooks)
-    for i in changed_shards(pool, scan, plan, records):
+    records = _check_done(engine.executor(), plan, dst, state, split, hooks)
+    for i in changed_shards(engine.executor(), scan, plan, records):
         log.warning("files of %s changed since it was packed: writing it again", shard_name(split, i))
         del records[i]
     todo = [i for i in range(plan.num_shards) if i not in records]
     reused = len(records)
     direct = order is ReadOrder.PLAN
     started = time.perf_counter()
-    buckets = {} if direct else _gather(pool, workers, scan, plan, todo, state, split, config, counter)
+    buckets = {} if direct else _gather(engine, scan, plan, todo, state, split, config)
     if not direct:
         log.info("gathered the files of %d shards in %.1f s", len(todo), time.perf_counter() - started)
     image_format = None if config.keep_formats or config.resize is not None else main_format(scan.paths)
 
-    def make_task(i: int) -> ShardTask:
-        idx = plan.shard(i)
-        return ShardTask(
-            index=i,
-            name=shard_name(split, i),
-            dst=str(dst),
-            buckets=tuple(sorted(buckets.get(i, ()))),
-            paths=scan.paths.take(idx),
-            labels=scan.labels[idx],
-            keys=part.positions[idx],
-            classes=scan.classes,
-            key_width=plan.key_width,
-            check=Check(config.check),
-            resize=config.resize,
-            quality=config.quality,
-            image_format=image_format,
-            src=str(scan.root) if direct else None,
-            sizes=scan.sizes[idx] if direct else None,
-            max_pixels=config.max_pixels,
-        )
-
-    tasks = (make_task(i) for i in todo)
+    tasks = (
+        shard_task(part, plan, i, dst, config, image_format, None if direct else buckets.get(i, []))
+        for i in todo
+    )
     bar = Progress(f"pack {split}", sum(len(plan.shard(i)) for i in todo), config.progress)
-    for task, record in run_tasks(pool, workers, _write_in_worker, tasks, counter, bar):
+    recoded = config.resize is not None or image_format is not None  # bytes that depend on the codecs
+    for task, record, node in engine.map(write_shard, tasks, bar, same_codecs=recoded):
         write_atomic(state / f"{record.name}.json", json.dumps(record.to_json()).encode(), root=dst)
         records[task.index] = record
+        nodes[node] += 1
         hooks.on_shard(dst / record.name, record)
     remove(state / _BUCKETS, root=dst)
     return len(todo), reused, [records[i] for i in range(plan.num_shards)]
 
 
 def _gather(
-    pool: ProcessPoolExecutor,
-    workers: int,
+    engine: Engine,
     scan: ScanResult,
     plan: Plan,
     todo: list[int],
     state: Path,
     split: str,
     config: PackConfig,
-    counter: Any,
 ) -> dict[int, list[str]]:
     """Read the files of the shards in ``todo`` in inode order into buckets; return each shard's."""
     bucket_dir = state / _BUCKETS
@@ -306,7 +257,7 @@ def _gather(
     )
     buckets: dict[int, list[str]] = {}
     bar = Progress(f"read {split}", len(wanted), config.progress)
-    for _, written in run_tasks(pool, workers, _gather_in_worker, tasks, counter, bar):
+    for _, written, _node in engine.map(gather, tasks, bar):
         for shard, path in written.items():
             if path not in buckets.setdefault(shard, []):
                 buckets[shard].append(path)
@@ -314,7 +265,7 @@ def _gather(
 
 
 def _check_done(
-    pool: ProcessPoolExecutor, plan: Plan, dst: Path, state: Path, split: str, hooks: PackHooks
+    pool: Executor, plan: Plan, dst: Path, state: Path, split: str, hooks: PackHooks
 ) -> dict[int, ShardRecord]:
     """Records of the shards an earlier run finished that still hash as recorded (or are stored)."""
     pending: dict[Future[str], tuple[int, ShardRecord]] = {}
@@ -329,14 +280,6 @@ def _check_done(
             done[i] = record
     done.update({i: record for future, (i, record) in pending.items() if future.result() == record.sha256})
     return done
-
-
-def _write_in_worker(task: ShardTask) -> ShardRecord:
-    return write_shard(task, worker_state().get("counter"))
-
-
-def _gather_in_worker(task: GatherTask) -> dict[int, str]:
-    return gather(task, worker_state().get("counter"))
 
 
 def _finish(

@@ -25,9 +25,8 @@ sees the earlier run's state: a shard with a remote record and an object of the 
 done (neither re-written nor re-uploaded); one written to a kept staging directory but not
 uploaded is hashed there and uploaded. Pack splits into one URL one after the other: there is no
 lock on a remote destination (the last index written would drop a split packed meanwhile, except
-that the index is re-read and merged just before it is written).
-
-fsspec is imported by these functions only; ``import imgshards.converter`` does not need it.
+that the index is re-read and merged just before it is written). fsspec is imported by these
+functions only; ``import imgshards.converter`` does not need it.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def pack_to_url(
         storage_options: Options of the destination's fsspec file system (endpoint, credentials).
         staging: Local directory where shards are written before upload; default a temporary
             directory, removed at the end. Needs room for the split's images (gathered there in disk
-            order before the shards are written).
+            order before the shards are written). Required on Ray: a directory every node sees.
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree.
@@ -92,6 +91,8 @@ def pack_to_url(
             f"cannot pack several splits into a URL ({url}) in one run yet: pack into a local directory "
             "and upload it, or split the tree and pack each split with --split"
         )
+    if config.engine == "ray" and staging is None:
+        raise DestinationError(f"--engine ray with a URL ({url}) needs --staging DIR, one every node sees")
     if config.strict and (suspicious := tree_warnings(src, dst=url)):  # before the check's network call
         raise SourceError(f"refused (strict): {suspicious[0]}")
     remote = Remote(url, storage_options or {})

@@ -38,6 +38,7 @@ from typing import Any, cast
 import numpy as np
 from PIL import Image
 
+from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
 from .pool import add_progress
@@ -238,7 +239,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     """
     dst = Path(task.dst)
     final = dst / task.name
-    tmp = dst / f".{task.name}.partial"
+    tmp = attempt_path(dst, task.name)  # unique: a retried task and a straggler never share it
     rejects: list[Reject] = []
     class_counts: dict[int, int] = {}
     formats: dict[str, int] = {}

@@ -62,10 +62,12 @@ def test_top_level_names_are_not_importable_twice():
     assert Path(imgshards.converter.__file__).parent == ROOT / "converter"
 
 
-def test_converter_needs_no_torch_loader_or_click():
+def test_converter_needs_no_torch_ray_loader_or_click():
     code = (
-        "import sys, imgshards.converter\n"
-        "bad = [m for m in ('torch', 'webdataset', 'click', 'imgshards.loader', 'imgshards.cli')"
+        # The engine seam included: Ray is imported only when `--engine ray` starts it.
+        "import sys, imgshards.converter, imgshards.converter.engine\n"
+        "imgshards.converter.PackConfig(engine='ray', ray_address='auto')\n"
+        "bad = [m for m in ('torch', 'webdataset', 'click', 'ray', 'imgshards.loader', 'imgshards.cli')"
         " if m in sys.modules]\n"
         "assert not bad, bad"
     )
@@ -117,6 +119,7 @@ def test_core_dependencies_are_exactly_what_the_packages_import():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = _modules(project["dependencies"])
     extras = _modules(project["optional-dependencies"]["plot"])  # imported only by `bench --plot`
+    extras |= _modules(project["optional-dependencies"]["ray"])  # only by `pack --engine ray`
     imported = (
         {m.split(".")[0] for folder in ("converter", "loader", "cli") for m in _imports(folder)}
         - set(sys.stdlib_module_names)
