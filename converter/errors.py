@@ -82,5 +82,7 @@ class ShardEndError(ShardFormatError):
     def __init__(self, message: str, *, member: str, declared: int) -> None:
         super().__init__(message)
         self.member, self.declared = member, declared
+
+
 class EngineError(ImgshardsError):
     """``pack --engine ray`` cannot run: Ray is missing, no cluster answers, or a node's libraries differ."""
