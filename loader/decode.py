@@ -39,7 +39,10 @@ def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray], torch.Tensor] | 
 
         def by_torchcodec(data: bytes | bytearray) -> torch.Tensor:
             # bytes as they are: torchcodec reads them through a read-only tensor, no copy.
-            return codec_decode_jpeg(data, mode="RGB")
+            source = torch.frombuffer(data, dtype=torch.uint8) if isinstance(data, bytearray) else data
+            out = codec_decode_jpeg(source, mode="RGB")
+            assert isinstance(out, torch.Tensor)  # one source in, one image out
+            return out
 
         return "torchcodec", by_torchcodec
     try:
