@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -29,10 +29,18 @@ import numpy as np
 
 from . import partition
 from .partition import Segment, WorkerPlan
-from .pipeline import sample_stream
-from .shuffle import worker_rng
+from .shuffle import Order, worker_order
 
-__all__ = ["Layout", "Stage", "plan", "rank_batches", "remaining", "stage_counts"]
+__all__ = [
+    "Layout",
+    "Stage",
+    "plan",
+    "rank_batches",
+    "remaining",
+    "shard_bases",
+    "stage_counts",
+    "stream_positions",
+]
 
 from .state import Stage
 
@@ -48,6 +56,11 @@ class Layout:
     shuffle: bool
     shuffle_buffer: int
     shuffle_initial: int
+
+    @property
+    def order(self) -> Order:
+        """What fixes a worker's sample order (:func:`.shuffle.worker_order`)."""
+        return Order(self.seed, self.shuffle, self.shuffle_buffer, self.shuffle_initial)
 
 
 def plan(
@@ -114,7 +127,7 @@ def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarr
         for r in range(world_size)
     ]
     keep = np.zeros(total, dtype=bool)
-    base = _shard_bases(layout, epoch)
+    base = shard_bases(layout, epoch)
     for p in first:
         for seg in p.segments:
             keep[base[seg.shard] + seg.start : base[seg.shard] + seg.stop] = True
@@ -125,7 +138,7 @@ def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarr
                 p = _stage_plan(
                     layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, stage=i
                 )
-                done = _stream_positions(layout, epoch, p, base, rank=r, worker=worker, stage=i)
+                done = stream_positions(layout, epoch, p, base, rank=r, worker=worker, leg=i)
                 keep[list(islice(done, sum(p.sizes[:count])))] = False
         left = np.flatnonzero(keep)
     return left
@@ -165,7 +178,7 @@ def _stage_plan(
     return WorkerPlan(segments=tuple(runs), sizes=tuple(sizes[rank][worker::num_workers]))
 
 
-def _shard_bases(layout: Layout, epoch: int) -> np.ndarray:
+def shard_bases(layout: Layout, epoch: int) -> np.ndarray:
     """Virtual position of each shard's first sample in the epoch's order, by shard number."""
     order = partition.shard_order(
         len(layout.shard_samples), seed=layout.seed, epoch=epoch, shuffle=layout.shuffle
@@ -176,12 +189,16 @@ def _shard_bases(layout: Layout, epoch: int) -> np.ndarray:
     return base
 
 
-def _stream_positions(layout, epoch, p: WorkerPlan, base: np.ndarray, *, rank: int, worker: int, stage: int):
-    """The worker's sample order as positions: what its pass yields, replayed on indices."""
+def stream_positions(
+    layout: Layout, epoch: int, p: WorkerPlan, base: np.ndarray, *, rank: int, worker: int, leg: int
+) -> Iterator[int]:
+    """The worker's sample order as virtual positions: what its pass yields, replayed on indices.
+
+    The same :func:`.shuffle.worker_order` the read calls, on runs of positions instead of samples.
+    """
     runs = [
-        iter([int(base[seg.shard]) + i for i in range(seg.start, seg.stop) if i not in seg.skip])
+        [int(base[seg.shard]) + i for i in range(seg.start, seg.stop) if i not in seg.skip]
         for seg in p.segments
     ]
-    rng = worker_rng(layout.seed, epoch, rank, worker, stage) if layout.shuffle else None
     sizes = [len(seg) for seg in p.segments]
-    return sample_stream(runs, sizes, rng, buffer=layout.shuffle_buffer, initial=layout.shuffle_initial)
+    return worker_order(runs, sizes, layout.order, epoch=epoch, rank=rank, worker=worker, leg=leg)

@@ -34,6 +34,7 @@ from . import passes
 from .batch import Batch, BufferPool
 from .control import SharedControl
 from .dataset import ShardDataset
+from .epoch.seeds import mix_rng
 from .errors import ConfigError
 from .offload import RawBatch
 from .profiling.stagetimes import NO_CLOCK
@@ -43,7 +44,6 @@ from .stages import LABEL
 __all__ = ["MixedDataset", "split_batch"]
 
 Source = str | os.PathLike[str] | ShardSource
-_TAG_MIX = 5
 
 
 def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
@@ -178,7 +178,7 @@ class MixedDataset(ShardDataset):
                     for (_, part), offset in zip(batches, self._offsets, strict=True)
                     for s in part
                 ]
-                rng = np.random.default_rng([self.seed, epoch, _TAG_MIX, self.rank, worker, k])
+                rng = mix_rng(self.seed, epoch, self.rank, worker, k)
                 yield k, [samples[i] for i in rng.permutation(len(samples))]
             for stream in streams:
                 stream.close()  # type: ignore[attr-defined]

@@ -26,20 +26,19 @@ from . import partition
 from . import stages as st
 from .batch import Batch, BufferPool
 from .control import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
+from .epoch.seeds import augment_seed, stages_seed
 from .errors import CorruptImageError, ShardReadError
 from .offload import RawBatch
-from .pipeline import augment_seed, read_elsewhere, read_runs, sample_stream
+from .pipeline import read_elsewhere, read_runs
 from .profiling.stagetimes import NO_CLOCK, READ, NoClock, StageClock
 from .reader import RawSample
-from .shuffle import worker_rng
+from .shuffle import worker_order
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
     from .state import Stage
 
 __all__ = ["finish", "on_corrupt", "position", "raw_batches", "raw_samples", "run"]
-
-_TAG_STAGES = 4  # seeds the user's raw stages per batch, apart from augmentation's seeds
 
 
 def position(ds: ShardDataset) -> tuple[int, tuple[Stage, ...], int, int, int]:
@@ -104,7 +103,7 @@ def raw_batches(
         )
 
     def seed_of(k: int) -> int:  # a random filter is a pure function of the batch, as augmentation is
-        return augment_seed(ds.seed, epoch, ds.rank, worker, k) + _TAG_STAGES
+        return stages_seed(ds.seed, epoch, ds.rank, worker, k)
 
     dropped = _counter(ds, worker, FILTERED)
     return iter(
@@ -206,9 +205,8 @@ def _stream(
         on_lost=_counter(ds, worker, LOST),
         keep_all=keep_all or bool(ds.raw_stages),  # the user's stages may want any member
     )
-    rng = worker_rng(ds.seed, epoch, ds.rank, worker, stage) if ds.shuffle else None
     sizes = [len(seg) for seg in plan.segments]
-    return sample_stream(runs, sizes, rng, buffer=ds.shuffle_buffer, initial=ds.shuffle_initial)
+    return worker_order(runs, sizes, ds._layout.order, epoch=epoch, rank=ds.rank, worker=worker, leg=stage)
 
 
 def _counter(ds: ShardDataset, worker: int, what: int) -> Callable[[int], None]:

@@ -2,7 +2,7 @@
 
 :mod:`.passes` wires them, then the decode and batch stages of :mod:`.stages`::
 
-    elastic.plan (partition.worker_plan) -> read_runs -> sample_stream (interleave -> buffer_shuffle)
+    elastic.plan (partition.worker_plan) -> read_runs -> shuffle.worker_order (interleave -> buffer_shuffle)
         -> batched (skip delivered, make up lost samples) -> stages (decode -> transform -> collate)
 
 Everything here handles raw bytes, so shuffling and resume skipping never decode. The per-batch
@@ -24,22 +24,20 @@ import torch
 
 from imgshards.converter.manifest import ShardInfo, SplitInfo
 
+from .epoch.seeds import augment_seed
 from .errors import CorruptImageError, ShardReadError
 from .partition import Segment
 from .reader import RawSample, read_run
 from .remote import ShardSource
-from .shuffle import buffer_shuffle, interleave
 
 __all__ = [
     "augment_seed",
     "batched",
     "read_elsewhere",
     "read_runs",
-    "sample_stream",
     "seeded",
 ]
 
-_TAG_AUGMENT = 3
 T = TypeVar("T")
 
 # Read buffer of a shard file in a pass. A pass reads a run of samples, often from the middle of a
@@ -179,20 +177,6 @@ def _counted(run: Iterator[RawSample], expected: int, on_lost: Callable[[int], N
         on_lost(expected - got)
 
 
-def sample_stream(
-    runs: Sequence[Iterator[T]],
-    sizes: Sequence[int],
-    rng: np.random.Generator | None,
-    *,
-    buffer: int,
-    initial: int,
-) -> Iterator[T]:
-    """The worker's samples in order: runs one after another (``rng=None``), or interleaved and shuffled."""
-    if rng is None:
-        return (sample for run in runs for sample in run)
-    return buffer_shuffle(interleave(runs, sizes, rng), rng, size=buffer, initial=initial)
-
-
 def batched(
     raw: Iterator[RawSample],
     *,
@@ -236,11 +220,6 @@ def _make_up(recent: deque[RawSample], missing: int) -> list[RawSample]:
     pool = list(recent)
     assert pool, "make_up() found no sample"
     return [pool[i % len(pool)] for i in range(missing)]
-
-
-def augment_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:
-    """Seed of torch's generator while batch ``batch`` of a worker is transformed."""
-    return int(np.random.SeedSequence([seed, epoch, _TAG_AUGMENT, rank, worker, batch]).generate_state(1)[0])
 
 
 @contextlib.contextmanager
