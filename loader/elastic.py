@@ -1,9 +1,10 @@
 """Epoch plans across resumes onto another world size or worker count (elastic resume).
 
-An epoch may run in *stages*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
+An epoch may run in *legs*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
 after every rank delivered ``k1`` batches, the next at ``W2`` / ``N2`` over what is left, and so on.
-A stage is the triple ``(world_size, num_workers, batches delivered per rank)``; the finished stages
-of an epoch and the seed fix everything else:
+A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`.state.Leg`;
+"stages" in a saved state, and in the arguments below); the finished legs of an epoch and the seed
+fix everything else:
 
 - The samples a stage delivered are a pure function of its plan and the count: each worker's sample
   order is the interleave-and-shuffle of :mod:`.pipeline` run on sample *positions* instead of
@@ -33,7 +34,7 @@ from .shuffle import Order, worker_order
 
 __all__ = [
     "Layout",
-    "Stage",
+    "Leg",
     "plan",
     "rank_batches",
     "remaining",
@@ -42,7 +43,7 @@ __all__ = [
     "stream_positions",
 ]
 
-from .state import Stage
+from .state import Leg
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def plan(
     layout: Layout,
     *,
     epoch: int,
-    stages: Sequence[Stage],
+    stages: Sequence[Leg],
     rank: int,
     world_size: int,
     worker: int,
@@ -108,7 +109,7 @@ def stage_counts(left: int, world_size: int, batch_size: int) -> tuple[list[int]
     return samples, math.ceil(max(samples, default=0) / batch_size)
 
 
-def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Stage], world_size: int) -> int:
+def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Leg], world_size: int) -> int:
     """Batches each rank yields in the stage after ``stages`` (the whole epoch without stages)."""
     if not stages:
         total = sum(layout.shard_samples)
@@ -118,7 +119,7 @@ def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Stage], world_s
 
 
 @functools.lru_cache(maxsize=4)
-def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarray:
+def remaining(layout: Layout, epoch: int, stages: tuple[Leg, ...]) -> np.ndarray:
     """Sorted virtual positions (shards in the epoch's order) of the samples the stages did not deliver."""
     total = sum(layout.shard_samples)
     world_size = stages[0][0]

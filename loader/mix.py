@@ -37,9 +37,10 @@ from .dataset import ShardDataset
 from .epoch.seeds import mix_rng
 from .errors import ConfigError
 from .offload import RawBatch
-from .profiling.stagetimes import NO_CLOCK
+from .profiling.stagetimes import NoClock, StageClock
 from .remote import ShardSource
 from .stages import LABEL
+from .state import Leg, PassPosition
 
 __all__ = ["MixedDataset", "split_batch"]
 
@@ -158,32 +159,30 @@ class MixedDataset(ShardDataset):
     def _batches(
         self,
         epoch: int,
-        stages: tuple[tuple[int, int, int], ...],
+        legs: tuple[Leg, ...],
         first: int,
         worker: int,
         num_workers: int,
         *,
         pool: BufferPool | None,
     ) -> Iterator[Batch | RawBatch]:
-        clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
-        streams = [
-            passes.raw_batches(p, epoch, stages, first, worker, num_workers, clock=clock) for p in self.parts
-        ]
+        at = PassPosition(epoch, legs, first, worker, num_workers)
+        return passes.worker_pass(self, at, pool=pool, raw=lambda clock: self._zipped(at, clock))
 
-        def zipped() -> Iterator[tuple[int, list[Any]]]:
-            for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
-                k = batches[0][0]
-                samples = [
-                    {**s, LABEL: s[LABEL] + offset} if offset else s
-                    for (_, part), offset in zip(batches, self._offsets, strict=True)
-                    for s in part
-                ]
-                rng = mix_rng(self.seed, epoch, self.rank, worker, k)
-                yield k, [samples[i] for i in rng.permutation(len(samples))]
-            for stream in streams:
-                stream.close()  # type: ignore[attr-defined]
-
-        yield from passes.finish(self, zipped(), epoch, stages, worker, num_workers, pool=pool, clock=clock)
+    def _zipped(self, at: PassPosition, clock: StageClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
+        """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
+        streams = [passes.raw_batches(p, at, clock=clock) for p in self.parts]
+        for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
+            k = batches[0][0]
+            samples = [
+                {**s, LABEL: s[LABEL] + offset} if offset else s
+                for (_, part), offset in zip(batches, self._offsets, strict=True)
+                for s in part
+            ]
+            rng = mix_rng(self.seed, at.epoch, self.rank, at.worker, k)
+            yield k, [samples[i] for i in rng.permutation(len(samples))]
+        for stream in streams:
+            stream.close()  # type: ignore[attr-defined]
         for part in self.parts:
             part.source.settle()
 

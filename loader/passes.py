@@ -1,15 +1,10 @@
-"""One pass of a :class:`~imgshards.loader.ShardDataset` in one process: its stages, composed.
+"""One pass of a :class:`~imgshards.loader.ShardDataset` in one process, built in one function.
 
-The pass is a ``wds.DataPipeline`` of the public stages of :mod:`.stages`, for the epoch's plan of
-this rank and worker (:mod:`.partition`, :mod:`.elastic`)::
-
-    raw samples (plan -> read_runs -> interleave -> buffer shuffle)
-        -> batches (skip delivered, make up damaged shards) -> each(raw_stages)
-        -> decode_batches (decode -> transform) -> each(image_stages) -> collate_batches
-                                               (decode_on: -> raw_batches, decoded by device.py)
-
-The dataset holds the configuration and the shared state (epoch, resume point, counters); this
-module holds what a pass does with them, so each stays short enough to read at once.
+:func:`worker_pass` lists every stage of a worker's pass in order, as webdataset's
+``WebDataset.__init__`` does, each with what flows out of it. Where a pass stands is a
+:class:`~.state.PassPosition`. The dataset holds the configuration and the shared state (the epoch cursor,
+the counters); the pass reads them through the dataset's public methods (``plan``, ``count``,
+``made``), never its private fields.
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import webdataset as wds
-from torch.utils.data import get_worker_info
 
 from . import partition
 from . import stages as st
@@ -33,165 +27,138 @@ from .pipeline import read_elsewhere, read_runs
 from .profiling.stagetimes import NO_CLOCK, READ, NoClock, StageClock
 from .reader import RawSample
 from .shuffle import worker_order
+from .state import PassPosition
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
-    from .state import Stage
 
-__all__ = ["finish", "on_corrupt", "position", "raw_batches", "raw_samples", "run"]
+__all__ = ["PIPELINE", "on_corrupt", "raw_batches", "raw_samples", "worker_pass"]
 
-
-def position(ds: ShardDataset) -> tuple[int, tuple[Stage, ...], int, int, int]:
-    """Where this process's pass starts: ``(epoch, finished stages, first batch, worker, num_workers)``.
-
-    Read from the shared state when a DataLoader starts the pass (or from a torchdata restore).
-    """
-    info = get_worker_info()
-    worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-    if ds._pending is not None:  # a torchdata restore: this worker's own place, as saved
-        (epoch, stages, first), ds._pending = ds._pending, None
-        return epoch, stages, first, worker, num_workers
-    epoch, stages, resume = ds._control.pass_state()  # as the pass began, not as the record is now
-    # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
-    # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
-    role = partition.resumed_worker(worker, resume, num_workers)
-    return epoch, stages, partition.delivered_by_worker(resume, num_workers)[role], role, num_workers
+RawBatches = Iterator[tuple[int, list[Any]]]
 
 
-def run(
+# The stages of worker_pass, in order, with what flows out of each (the docs' picture is checked
+# against this list and against worker_pass's source by tests/loader/test_passes.py).
+PIPELINE: tuple[tuple[str, str], ...] = (
+    ("plan", "WorkerPlan: segments (shard, start, stop) and the size of each batch"),
+    ("read", "RawSample: {__key__, __url__, jpg: bytes, cls: bytes, __label__}, shard by shard"),
+    ("order", "RawSample, in the worker's order: runs interleaved, then a shuffle buffer"),
+    ("cut", "(k, [RawSample]): batch k of the plan; delivered ones skipped, damaged made up"),
+    ("raw_stages", "(k, [sample dict]): the user's raw stages, drops made up in train"),
+    ("progress", "(k, [sample dict]): the position, for state_dict()"),
+    ("decode", "(k, [sample dict + image uint8 [3, H, W]]): decoded, transformed, seeded per batch"),
+    ("image_stages", "(k, [sample dict]): the user's image stages"),
+    ("collate", "Batch(images uint8 [B, 3, h, w], labels int64 [B]) in shared memory"),
+)
+
+
+def worker_pass(
     ds: ShardDataset,
-    epoch: int,
-    stages: tuple[Stage, ...],
-    first: int,
-    worker: int,
-    num_workers: int,
+    at: PassPosition,
     *,
     pool: BufferPool | None,
+    raw: Callable[[StageClock | NoClock], RawBatches] | None = None,
 ) -> Iterator[Batch | RawBatch]:
-    """The batches of one pass: the stages of :mod:`.stages` as one ``wds.DataPipeline``."""
+    """The batches one process makes in a pass of ``ds`` from ``at``: the whole path of a sample.
+
+    ``raw``: makes the raw batches to finish instead of ``ds``'s own, given the clock (a mix zips
+    its sources' :func:`raw_batches`). With ``decode_on`` the workers stop at the raw batches: the training
+    process decodes (:mod:`.device`).
+    """
     clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
-    raw = raw_batches(ds, epoch, stages, first, worker, num_workers, clock=clock)
-    yield from finish(ds, raw, epoch, stages, worker, num_workers, pool=pool, clock=clock)
+    worker = at.worker
+    dropped = _counter(ds, worker, FILTERED)
+    # -> (k, [sample dict]): plan, read, order, cut, raw stages (raw_batches, below)
+    batches = raw_batches(ds, at, clock=clock) if raw is None else raw(clock)
+
+    def progress(data: RawBatches) -> RawBatches:
+        for k, samples in data:  # for state_dict(): this process has made batch k
+            ds.made(at.at(k + 1))
+            yield k, samples
+
+    if ds.decode_on is not None:  # the training process decodes (device.py)
+        tail = [
+            # -> RawBatch: the batch's image bytes and labels, for the training process to decode
+            st.raw_batches(epoch=at.epoch, worker=worker, shared=pool is not None, clock=clock),
+        ]
+    else:
+        tail = [
+            # -> (k, [sample dict + image uint8 [3, H, W]]): decoded and transformed, torch's
+            #    generator seeded per batch (augment_seed), corrupt images counted and dropped
+            st.decode_batches(
+                ds.transform,
+                seed_of=lambda k: augment_seed(ds.seed, at.epoch, ds.rank, worker, k),
+                restore=pool is None,
+                on_corrupt=on_corrupt(ds, worker),
+                clock=clock,
+            ),
+            # -> (k, [sample dict]): the user's image stages (drops counted, not made up)
+            st.each(ds.image_stages, make_up=False, on_dropped=dropped) if ds.image_stages else None,
+            # -> Batch(images uint8 [B, 3, h, w], labels int64 [B]), in the worker's shared buffers
+            st.collate_batches(pool=pool, clock=clock),
+        ]
+    yield from wds.DataPipeline(lambda: batches, progress, *tail)
     # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
     ds.source.settle()
 
 
-def raw_batches(
-    ds: ShardDataset,
-    epoch: int,
-    stages: tuple[Stage, ...],
-    first: int,
-    worker: int,
-    num_workers: int,
-    *,
-    clock: StageClock | NoClock = NO_CLOCK,
-) -> Iterator[tuple[int, list[Any]]]:
-    """The worker's batches ``(k, raw samples)`` from batch ``first`` on, through ``ds.raw_stages``."""
-    plan = ds._plan(epoch, stages, worker, num_workers)
-    train = ds.mode == "train"
-
-    def source() -> Iterator[RawSample]:
-        return clock.timed_iter(READ, _stream(ds, plan, epoch, len(stages), worker))
+def raw_batches(ds: ShardDataset, at: PassPosition, *, clock: StageClock | NoClock = NO_CLOCK) -> RawBatches:
+    """The first half of :func:`worker_pass`: ``(k, raw samples)`` from batch ``at.first`` on."""
+    # -> WorkerPlan: this rank's and worker's segments of shards, and the size of each batch
+    plan = ds.plan(at)
+    train, worker = ds.mode == "train", at.worker
 
     def make_up() -> Iterator[RawSample]:  # a worker that lost every sample: other shards' samples
-        order = partition.shard_order(len(ds._shard_samples), seed=ds.seed, epoch=epoch, shuffle=ds.shuffle)
+        order = partition.shard_order(
+            len(ds.split_info.shards), seed=ds.seed, epoch=at.epoch, shuffle=ds.shuffle
+        )
         after = plan.segments[0].shard if plan.segments else None
         where = f"split {ds.split!r} at {ds.root} (rank {ds.rank})"
-        limit = max(plan.sizes)
         return read_elsewhere(
-            order, after, ds.split_info, ds.source, limit=limit, classes=ds.classes, what=where
+            order, after, ds.split_info, ds.source, limit=max(plan.sizes), classes=ds.classes, what=where
         )
 
-    def seed_of(k: int) -> int:  # a random filter is a pure function of the batch, as augmentation is
-        return stages_seed(ds.seed, epoch, ds.rank, worker, k)
-
-    dropped = _counter(ds, worker, FILTERED)
     return iter(
         wds.DataPipeline(
-            source,
-            st.batches(plan.sizes, first=first, make_up=make_up if train else None),
-            st.each(ds.raw_stages, make_up=train, on_dropped=dropped, seed_of=seed_of)
+            # -> RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}: read shard by
+            #    shard, then in the worker's order (interleaved, buffer-shuffled)
+            lambda: clock.timed_iter(READ, _read(ds, plan, at)),
+            # -> (k, [RawSample]): batch k of the plan; batches before at.first read, not decoded;
+            #    in train what a damaged shard lost made up by repeating recent samples
+            st.batches(plan.sizes, first=at.first, make_up=make_up if train else None),
+            # -> (k, [sample dict]): the user's raw stages, a random filter seeded per batch; in
+            #    train the samples they drop are made up, so every rank keeps len() batches
+            st.each(
+                ds.raw_stages,
+                make_up=train,
+                on_dropped=_counter(ds, worker, FILTERED),
+                seed_of=lambda k: stages_seed(ds.seed, at.epoch, ds.rank, worker, k),
+            )
             if ds.raw_stages
             else None,
         )
     )
 
 
-def finish(
-    ds: ShardDataset,
-    raw: Iterator[tuple[int, list[Any]]],
-    epoch: int,
-    stages: tuple[Stage, ...],
-    worker: int,
-    num_workers: int,
-    *,
-    pool: BufferPool | None,
-    clock: StageClock | NoClock = NO_CLOCK,
-) -> Iterator[Batch | RawBatch]:
-    """Raw batches to what a worker yields: decoded, transformed, through ``ds.image_stages``, stacked."""
-
-    def progress(data: Iterator[tuple[int, list[Any]]]) -> Iterator[tuple[int, list[Any]]]:
-        for k, samples in data:  # for state_dict(): this process has made batch k
-            ds._progress = (epoch, stages, worker, num_workers, k + 1)
-            yield k, samples
-
-    def seed_of(k: int) -> int:
-        return augment_seed(ds.seed, epoch, ds.rank, worker, k)
-
-    dropped = _counter(ds, worker, FILTERED)
-    return iter(
-        wds.DataPipeline(lambda: raw, progress, *_decoded(ds, epoch, worker, pool, clock, seed_of, dropped))
-    )
+def raw_samples(ds: ShardDataset, at: PassPosition) -> Iterator[RawSample]:
+    """The raw samples of a pass from ``at``, with every member (:func:`.stages.samples`)."""
+    plan = ds.plan(at)
+    skip = sum(plan.sizes[: at.first])  # delivered before a resume
+    return islice(_read(ds, plan, at, keep_all=True), skip, None)
 
 
-def _decoded(
-    ds: ShardDataset,
-    epoch: int,
-    worker: int,
-    pool: BufferPool | None,
-    clock: StageClock | NoClock,
-    seed_of: Callable[[int], int],
-    dropped: Callable[[int], None],
-) -> list[Any]:
-    """The stages from a batch of raw samples to what the worker yields."""
-    if ds.decode_on is not None:  # the training process decodes (device.py)
-        return [st.raw_batches(epoch=epoch, worker=worker, shared=pool is not None, clock=clock)]
-    return [
-        st.decode_batches(
-            ds.transform,
-            seed_of=seed_of,
-            restore=pool is None,
-            on_corrupt=on_corrupt(ds, worker),
-            clock=clock,
-        ),
-        st.each(ds.image_stages, make_up=False, on_dropped=dropped) if ds.image_stages else None,
-        st.collate_batches(pool=pool, clock=clock),
-    ]
-
-
-def raw_samples(ds: ShardDataset) -> Iterator[RawSample]:
-    """The raw samples of this process's current pass, with every member (:func:`.stages.samples`)."""
-    epoch, stages, first, worker, num_workers = position(ds)
-    plan = ds._plan(epoch, stages, worker, num_workers)
-    skip = sum(plan.sizes[:first])  # delivered before a resume
-    return islice(_stream(ds, plan, epoch, len(stages), worker, keep_all=True), skip, None)
-
-
-def _stream(
-    ds: ShardDataset,
-    plan: partition.WorkerPlan,
-    epoch: int,
-    stage: int,
-    worker: int,
-    *,
-    keep_all: bool = False,
+def _read(
+    ds: ShardDataset, plan: partition.WorkerPlan, at: PassPosition, *, keep_all: bool = False
 ) -> Iterator[RawSample]:
+    """The plan's samples, read (one run a segment) and put in the worker's order."""
+    worker = at.worker
+
     def on_truncated(message: str) -> None:
-        ds._control.count(worker, TRUNCATED)
+        ds.count(worker, TRUNCATED)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def on_unreadable(e: ShardReadError) -> None:
-        ds._control.count(worker, UNREADABLE)
+        ds.count(worker, UNREADABLE)
         warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
     runs = read_runs(
@@ -206,11 +173,11 @@ def _stream(
         keep_all=keep_all or bool(ds.raw_stages),  # the user's stages may want any member
     )
     sizes = [len(seg) for seg in plan.segments]
-    return worker_order(runs, sizes, ds._layout.order, epoch=epoch, rank=ds.rank, worker=worker, leg=stage)
+    return worker_order(runs, sizes, ds.order, epoch=at.epoch, rank=ds.rank, worker=worker, leg=at.leg)
 
 
 def _counter(ds: ShardDataset, worker: int, what: int) -> Callable[[int], None]:
-    return lambda n: ds._control.count(worker, what, n)
+    return lambda n: ds.count(worker, what, n)
 
 
 def on_corrupt(ds: ShardDataset, worker: int) -> Callable[[CorruptImageError], None] | None:
@@ -219,7 +186,7 @@ def on_corrupt(ds: ShardDataset, worker: int) -> Callable[[CorruptImageError], N
         return None
 
     def skip(e: CorruptImageError) -> None:
-        ds._control.count(worker, CORRUPT)
+        ds.count(worker, CORRUPT)
         warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
 
     return skip

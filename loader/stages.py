@@ -111,7 +111,7 @@ class _Samples(IterableDataset[RawSample]):
     def __iter__(self) -> Iterator[RawSample]:
         from .passes import raw_samples  # the pass module builds on these stages
 
-        return raw_samples(self.dataset)
+        return raw_samples(self.dataset, self.dataset.begin_pass())
 
 
 def samples(dataset: ShardDataset) -> IterableDataset[RawSample]:
