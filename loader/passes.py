@@ -18,11 +18,10 @@ import webdataset as wds
 
 from . import partition
 from . import stages as st
-from .batch import Batch, BufferPool
+from .batch import BufferPool
 from .control import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
 from .epoch.seeds import augment_seed, stages_seed
 from .errors import CorruptImageError, ShardReadError
-from .offload import RawBatch
 from .pipeline import read_elsewhere, read_runs
 from .profiling.stagetimes import NO_CLOCK, READ, NoClock, StageClock
 from .reader import RawSample
@@ -32,24 +31,31 @@ from .state import PassPosition
 if TYPE_CHECKING:
     from .dataset import ShardDataset
 
-__all__ = ["PIPELINE", "on_corrupt", "raw_batches", "raw_samples", "worker_pass"]
+__all__ = ["PIPELINE", "on_corrupt", "picture", "raw_batches", "raw_samples", "worker_pass"]
 
 RawBatches = Iterator[tuple[int, list[Any]]]
 
 
-# The stages of worker_pass, in order, with what flows out of each (the docs' picture is checked
-# against this list and against worker_pass's source by tests/loader/test_passes.py).
+# The stages of worker_pass, in its order, with what flows out of each: each is marked `# [name]`
+# there (tests/loader/test_passes.py holds the two to each other, and the docs' picture to this).
 PIPELINE: tuple[tuple[str, str], ...] = (
-    ("plan", "WorkerPlan: segments (shard, start, stop) and the size of each batch"),
-    ("read", "RawSample: {__key__, __url__, jpg: bytes, cls: bytes, __label__}, shard by shard"),
+    ("plan", "WorkerPlan: this worker's segments (shard, start, stop) and the size of each batch"),
+    ("read", "RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}, shard by shard"),
     ("order", "RawSample, in the worker's order: runs interleaved, then a shuffle buffer"),
-    ("cut", "(k, [RawSample]): batch k of the plan; delivered ones skipped, damaged made up"),
-    ("raw_stages", "(k, [sample dict]): the user's raw stages, drops made up in train"),
-    ("progress", "(k, [sample dict]): the position, for state_dict()"),
+    ("cut", "(k, [RawSample]): batch k of the plan; earlier ones read, not decoded"),
+    ("raw_stages", "(k, [sample dict]): the user's raw stages; drops made up in train"),
+    ("progress", "(k, [sample dict]): the same; the position recorded for state_dict()"),
+    ("offload", "decode_on only: RawBatch (image bytes, labels) for the training process"),
     ("decode", "(k, [sample dict + image uint8 [3, H, W]]): decoded, transformed, seeded per batch"),
     ("image_stages", "(k, [sample dict]): the user's image stages"),
-    ("collate", "Batch(images uint8 [B, 3, h, w], labels int64 [B]) in shared memory"),
+    ("collate", "Batch(images uint8 [B, 3, h, w], labels int64 [B]), in shared memory"),
 )
+
+
+def picture() -> str:
+    """The pass as text, one stage a line with what flows out of it (generated from :data:`PIPELINE`)."""
+    width = max(len(name) for name, _ in PIPELINE)
+    return "\n".join(f"{name:>{width}}  -> {out}" for name, out in PIPELINE)
 
 
 def worker_pass(
@@ -58,33 +64,62 @@ def worker_pass(
     *,
     pool: BufferPool | None,
     raw: Callable[[StageClock | NoClock], RawBatches] | None = None,
-) -> Iterator[Batch | RawBatch]:
+    raw_only: bool = False,
+    clock: StageClock | NoClock | None = None,
+) -> Iterator[Any]:
     """The batches one process makes in a pass of ``ds`` from ``at``: the whole path of a sample.
 
-    ``raw``: makes the raw batches to finish instead of ``ds``'s own, given the clock (a mix zips
-    its sources' :func:`raw_batches`). With ``decode_on`` the workers stop at the raw batches: the training
-    process decodes (:mod:`.device`).
+    ``raw_only``: stop after the user's raw stages, at ``(k, raw samples)`` (a mix's sources).
+    ``raw``: make the raw batches that way instead, given the clock (a mix zips its sources').
+    With ``decode_on`` the workers stop at raw batches: the training process decodes (:mod:`.device`).
+    ``clock`` times the stages (default: the profiler's, if one is attached to ``ds``).
     """
-    clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
-    worker = at.worker
+    if clock is None:
+        clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
+    train, worker = ds.mode == "train", at.worker
     dropped = _counter(ds, worker, FILTERED)
-    # -> (k, [sample dict]): plan, read, order, cut, raw stages (raw_batches, below)
-    batches = raw_batches(ds, at, clock=clock) if raw is None else raw(clock)
+    if raw is None:
+        # [plan] -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
+        plan = ds.plan(at)
+        head: list[Any] = [
+            # [read] -> RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}: one run of
+            #           samples a segment, read from the tar (reader.read_run, pipeline.read_runs)
+            # [order] -> RawSample, in the worker's order: runs interleaved, buffer-shuffled
+            #            (shuffle.worker_order, which the elastic replay calls too)
+            lambda: clock.timed_iter(READ, _read(ds, plan, at)),
+            # [cut] -> (k, [RawSample]): batch k of the plan; batches before at.first read, not
+            #          decoded; in train what a damaged shard lost is made up from recent samples
+            st.batches(plan.sizes, first=at.first, make_up=_make_up(ds, plan, at) if train else None),
+            # [raw_stages] -> (k, [sample dict]): the user's raw stages, a random filter seeded per
+            #                 batch; in train what they drop is made up, so ranks keep len() batches
+            st.each(
+                ds.raw_stages,
+                make_up=train,
+                on_dropped=dropped,
+                seed_of=lambda k: stages_seed(ds.seed, at.epoch, ds.rank, worker, k),
+            )
+            if ds.raw_stages
+            else None,
+        ]
+    else:
+        head = [lambda: raw(clock)]  # a mix: batch k of every source, zipped (mix.py)
+    if raw_only:
+        return iter(wds.DataPipeline(*head))
 
     def progress(data: RawBatches) -> RawBatches:
-        for k, samples in data:  # for state_dict(): this process has made batch k
+        for k, samples in data:
             ds.made(at.at(k + 1))
             yield k, samples
 
-    if ds.decode_on is not None:  # the training process decodes (device.py)
-        tail = [
-            # -> RawBatch: the batch's image bytes and labels, for the training process to decode
-            st.raw_batches(epoch=at.epoch, worker=worker, shared=pool is not None, clock=clock),
-        ]
+    # [progress] -> (k, [sample dict]): the same; this process has made batch k (state_dict())
+    tail: list[Any] = [progress]
+    if ds.decode_on is not None:
+        # [offload] -> RawBatch: the batch's image bytes and labels, for the training process
+        tail += [st.raw_batches(epoch=at.epoch, worker=worker, shared=pool is not None, clock=clock)]
     else:
-        tail = [
-            # -> (k, [sample dict + image uint8 [3, H, W]]): decoded and transformed, torch's
-            #    generator seeded per batch (augment_seed), corrupt images counted and dropped
+        tail += [
+            # [decode] -> (k, [sample dict + image uint8 [3, H, W]]): decoded and transformed,
+            #             torch's generator seeded per batch; corrupt images counted and dropped
             st.decode_batches(
                 ds.transform,
                 seed_of=lambda k: augment_seed(ds.seed, at.epoch, ds.rank, worker, k),
@@ -92,52 +127,41 @@ def worker_pass(
                 on_corrupt=on_corrupt(ds, worker),
                 clock=clock,
             ),
-            # -> (k, [sample dict]): the user's image stages (drops counted, not made up)
+            # [image_stages] -> (k, [sample dict]): the user's image stages (drops counted)
             st.each(ds.image_stages, make_up=False, on_dropped=dropped) if ds.image_stages else None,
-            # -> Batch(images uint8 [B, 3, h, w], labels int64 [B]), in the worker's shared buffers
+            # [collate] -> Batch(images uint8 [B, 3, h, w], labels int64 [B]), in shared memory
             st.collate_batches(pool=pool, clock=clock),
         ]
-    yield from wds.DataPipeline(lambda: batches, progress, *tail)
-    # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
-    ds.source.settle()
+    return iter(wds.DataPipeline(*head, *tail, _settled(ds)))
 
 
 def raw_batches(ds: ShardDataset, at: PassPosition, *, clock: StageClock | NoClock = NO_CLOCK) -> RawBatches:
-    """The first half of :func:`worker_pass`: ``(k, raw samples)`` from batch ``at.first`` on."""
-    # -> WorkerPlan: this rank's and worker's segments of shards, and the size of each batch
-    plan = ds.plan(at)
-    train, worker = ds.mode == "train", at.worker
+    """``(k, raw samples)`` of a pass from batch ``at.first`` on: :func:`worker_pass` to its raw stages."""
+    return worker_pass(ds, at, pool=None, raw_only=True, clock=clock)
 
+
+def _settled(ds: ShardDataset) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def settled(data: Iterator[Any]) -> Iterator[Any]:
+        yield from data
+        # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
+        ds.source.settle()
+
+    return settled
+
+
+def _make_up(
+    ds: ShardDataset, plan: partition.WorkerPlan, at: PassPosition
+) -> Callable[[], Iterator[RawSample]]:
     def make_up() -> Iterator[RawSample]:  # a worker that lost every sample: other shards' samples
-        order = partition.shard_order(
-            len(ds.split_info.shards), seed=ds.seed, epoch=at.epoch, shuffle=ds.shuffle
-        )
+        shards = len(ds.split_info.shards)
+        order = partition.shard_order(shards, seed=ds.seed, epoch=at.epoch, shuffle=ds.shuffle)
         after = plan.segments[0].shard if plan.segments else None
         where = f"split {ds.split!r} at {ds.root} (rank {ds.rank})"
         return read_elsewhere(
             order, after, ds.split_info, ds.source, limit=max(plan.sizes), classes=ds.classes, what=where
         )
 
-    return iter(
-        wds.DataPipeline(
-            # -> RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}: read shard by
-            #    shard, then in the worker's order (interleaved, buffer-shuffled)
-            lambda: clock.timed_iter(READ, _read(ds, plan, at)),
-            # -> (k, [RawSample]): batch k of the plan; batches before at.first read, not decoded;
-            #    in train what a damaged shard lost made up by repeating recent samples
-            st.batches(plan.sizes, first=at.first, make_up=make_up if train else None),
-            # -> (k, [sample dict]): the user's raw stages, a random filter seeded per batch; in
-            #    train the samples they drop are made up, so every rank keeps len() batches
-            st.each(
-                ds.raw_stages,
-                make_up=train,
-                on_dropped=_counter(ds, worker, FILTERED),
-                seed_of=lambda k: stages_seed(ds.seed, at.epoch, ds.rank, worker, k),
-            )
-            if ds.raw_stages
-            else None,
-        )
-    )
+    return make_up
 
 
 def raw_samples(ds: ShardDataset, at: PassPosition) -> Iterator[RawSample]:
