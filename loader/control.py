@@ -8,10 +8,11 @@ its free batch buffers, lives in one shared ``int64`` tensor laid out as::
     [epoch, start, delivered, stage count, stages (3 each), the pass's epoch, stage count and stages,
      counters (5 per worker slot), flags (8 a slot)]
 
-This tensor is the one record of the epoch: :class:`~imgshards.loader.ShardLoader` reads and
-writes the dataset's epoch, never a copy of its own. The workers of a pass read the pass's own copy
-(:meth:`SharedControl.start_pass`, :meth:`SharedControl.pass_state`): a worker may start after the
-main process received the pass's last batch from the others and moved the record to the next epoch.
+The first slots are the one record of the epoch, owned by :class:`EpochCursor` (no other code
+writes them): :class:`~imgshards.loader.ShardLoader` moves the dataset's cursor, never a copy of
+its own. The workers of a pass read the pass's own copy (:meth:`EpochCursor.begin_pass`,
+:meth:`EpochCursor.pass_state`): a worker may start after the main process received the pass's
+last batch from the others and moved the record to the next epoch.
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ from __future__ import annotations
 import torch
 
 from .batch import BufferPool
+from .errors import ResumeError
 
-__all__ = ["CORRUPT", "FILTERED", "LOST", "MAX_STAGES", "TRUNCATED", "UNREADABLE", "SharedControl"]
+__all__ = [
+    "CORRUPT",
+    "FILTERED",
+    "LOST",
+    "MAX_STAGES",
+    "TRUNCATED",
+    "UNREADABLE",
+    "EpochCursor",
+    "SharedControl",
+]
 
 # What a worker counts: an image that did not decode, a shard that ended early, a shard not readable,
 # the samples its plan held that no shard gave it (truncated or unreadable), and those a user stage dropped.
@@ -37,60 +48,107 @@ _POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
 _SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
 
 
-class SharedControl:
-    """The epoch, the resume point, the skip counters and the batch-buffer flags of one dataset."""
+class EpochCursor:
+    """Where the epoch is: the one record that the loader, the dataset and every worker read.
 
-    def __init__(self) -> None:
-        self._t = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
+    Named fields over the shared tensor's first slots, written only through these methods:
+
+    - :meth:`seek`: read ``epoch`` after its finished ``legs``, from batch ``delivered`` on (a resume,
+      ``set_epoch``);
+    - :meth:`begin_pass`: fix what the pass starting now reads (its workers read :meth:`pass_state`);
+    - :meth:`deliver`: the main process handed over one more batch;
+    - :meth:`finish_epoch`: the epoch's last batch is out, the record moves to the next epoch while
+      late workers still read the running pass's; :meth:`end_pass`: every worker has ended it.
+    """
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._t = t
 
     @property
     def epoch(self) -> int:
-        """The epoch the next pass reads."""
+        """The epoch the next pass reads (or the one being read)."""
         return int(self._t[_EPOCH])
 
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:
-        self._t[_EPOCH] = epoch
+    @property
+    def legs(self) -> tuple[tuple[int, int, int], ...]:
+        """The epoch's finished legs ``(world_size, num_workers, batches)`` (see :mod:`.elastic`)."""
+        return self._read_legs(_NSTAGES)
 
-    def start_pass(self, resume: int) -> None:
-        """Fix what the pass starting now reads: the record's epoch and stages, from batch ``resume`` on.
+    @property
+    def delivered(self) -> int:
+        """Batches of this rank's current leg delivered so far: where the next pass starts."""
+        return int(self._t[_DELIVERED])
+
+    def seek(
+        self, epoch: int, legs: tuple[tuple[int, int, int], ...], delivered: int, *, mid_pass: bool = False
+    ) -> None:
+        """Make the next pass read ``epoch`` after its finished ``legs``, from batch ``delivered`` on.
+
+        ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
+        read it as it was (the pass's own record, :meth:`pass_state`).
+        """
+        if len(legs) > MAX_STAGES:
+            raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
+        self._t[_EPOCH] = epoch
+        self._t[_NSTAGES] = len(legs)
+        if legs:
+            self._t[_STAGES : _STAGES + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
+        self._t[_DELIVERED] = delivered
+        if not mid_pass:
+            self.begin_pass()
+
+    def restore(self, epoch: int, legs: tuple[tuple[int, int, int], ...]) -> None:
+        """Read ``epoch`` after ``legs`` (a worker's torchdata restore: its own place is its own)."""
+        resume = int(self._t[_RESUME])
+        self.seek(epoch, legs, self.delivered, mid_pass=True)
+        self._fix_pass(resume)
+
+    def begin_pass(self, *, restart: bool = False) -> int:
+        """Fix what the pass starting now reads, from the batches delivered (0 with ``restart``).
 
         Workers read it (:meth:`pass_state`) when their pass starts, which may be after the main
         process received the pass's first, or even last, batches from other workers; so it changes
         only between passes, while the record (:attr:`epoch`, :attr:`delivered`) moves on.
+        Returns the batches delivered, where the pass starts.
         """
+        if restart:
+            self._t[_DELIVERED] = 0
+        self._fix_pass(self.delivered)
+        return self.delivered
+
+    def deliver(self) -> int:
+        """Count one more batch handed over (an interrupted pass resumes after it); return the count."""
+        self._t[_DELIVERED] += 1
+        return self.delivered
+
+    def finish_epoch(self) -> None:
+        """The epoch's last batch is handed over: the record moves to the next epoch, the pass's does not."""
+        self.seek(self.epoch + 1, (), 0, mid_pass=True)
+
+    def end_pass(self) -> None:
+        """Every worker has ended the pass: the next pass reads the record from its start."""
+        self._fix_pass(0)
+
+    def pass_state(self) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
+        """The running pass's epoch, finished legs and resume point (batches of its leg it skips)."""
+        return int(self._t[_PASS]), self._read_legs(_PASS + 1), int(self._t[_RESUME])
+
+    def _fix_pass(self, resume: int) -> None:
         self._t[_PASS] = self._t[_EPOCH]
         self._t[_PASS + 1 : _COUNTERS] = self._t[_NSTAGES:_PASS]
         self._t[_RESUME] = resume
 
-    def pass_state(self) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
-        """The running pass's epoch, finished stages and resume point (batches of its stage it skips)."""
-        return int(self._t[_PASS]), self._read_stages(_PASS + 1), int(self._t[_RESUME])
-
-    @property
-    def delivered(self) -> int:
-        """Batches of this rank's current stage delivered so far: where the next pass starts."""
-        return int(self._t[_DELIVERED])
-
-    @delivered.setter
-    def delivered(self, batches: int) -> None:
-        self._t[_DELIVERED] = batches
-
-    @property
-    def stages(self) -> tuple[tuple[int, int, int], ...]:
-        """The epoch's finished stages ``(world_size, num_workers, batches)`` (see :mod:`.elastic`)."""
-        return self._read_stages(_NSTAGES)
-
-    @stages.setter
-    def stages(self, stages: tuple[tuple[int, int, int], ...]) -> None:
-        assert len(stages) <= MAX_STAGES, stages
-        self._t[_NSTAGES] = len(stages)
-        if stages:
-            self._t[_STAGES : _STAGES + 3 * len(stages)] = torch.tensor([x for s in stages for x in s])
-
-    def _read_stages(self, at: int) -> tuple[tuple[int, int, int], ...]:
+    def _read_legs(self, at: int) -> tuple[tuple[int, int, int], ...]:
         flat = self._t[at + 1 : at + 1 + 3 * int(self._t[at])].tolist()
         return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+
+
+class SharedControl:
+    """The epoch cursor, the skip counters and the batch-buffer flags of one dataset, in shared memory."""
+
+    def __init__(self) -> None:
+        self._t = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
+        self.cursor = EpochCursor(self._t)
 
     def count(self, worker: int, what: int, n: int = 1) -> None:
         """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""

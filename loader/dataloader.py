@@ -116,13 +116,11 @@ class ShardLoader:
         self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        ds, control = self.dataset, self.dataset._control
-        if ds.mode == "eval" and not self._loaded:
-            control.delivered = 0
+        ds, cursor = self.dataset, self.dataset.cursor
+        # What the workers read as their pass starts (an eval pass restarts unless resumed).
+        delivered = cursor.begin_pass(restart=ds.mode == "eval" and not self._loaded)
         self._loaded = False
-        epoch, delivered = ds.epoch, control.delivered
-        control.start_pass(delivered)  # what the workers read as their pass starts
-        total = ds._stage_batches()
+        epoch, total = ds.epoch, ds.leg_batches()
         counts = (ds.corrupt_skipped, ds.lost_samples, ds.filtered_samples)
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
@@ -135,15 +133,14 @@ class ShardLoader:
             token = pool_token(batch.images)
             if token is not None:
                 self._lent.append((StorageWeakRef(batch.images.untyped_storage()), token))
-            delivered += 1
-            control.delivered = delivered  # the one record: an interrupted pass resumes here
+            delivered = cursor.deliver()  # the one record: an interrupted pass resumes here
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
                 done = self._finish(epoch, *counts)
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
             self._finish(epoch, *counts)
-        control.start_pass(0)  # every worker has ended this pass: the next reads the next epoch
+        cursor.end_pass()  # every worker has ended this pass: the next reads the next epoch
 
     def _finish(self, epoch: int, corrupt: int, lost: int, filtered: int) -> bool:
         ds = self.dataset
@@ -183,7 +180,7 @@ class ShardLoader:
             )
         # Workers that start late (on a busy machine, after the others made the pass's last batches)
         # must still read this epoch: only the record moves on.
-        ds._set_position(epoch + 1, (), 0, mid_pass=True)
+        ds.cursor.finish_epoch()
         return True
 
     def _give_back(self) -> None:
@@ -191,19 +188,19 @@ class ShardLoader:
         still = []
         for ref, token in self._lent:
             if ref.expired():
-                self.dataset._release(token)
+                self.dataset.release(token)
             else:
                 still.append((ref, token))
         self._lent = still
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: epoch, finished stages, batches delivered, and what fixes the order."""
-        control = self.dataset._control
+        cursor = self.dataset.cursor
         return {
             "version": STATE_VERSION,
-            "epoch": self.dataset.epoch,
-            "stages": [list(s) for s in control.stages],
-            "batches": control.delivered,
+            "epoch": cursor.epoch,
+            "stages": [list(s) for s in cursor.legs],  # the finished legs (the key of every version)
+            "batches": cursor.delivered,
             "world_size": self.dataset.world_size,
             "num_workers": self.num_workers,
             **settings(self.dataset),
@@ -237,8 +234,8 @@ class ShardLoader:
                     f"{self.dataset.world_size}; num_workers: saved {n}, now {self.num_workers}"
                 )
             stages, batches = (*stages, (*topology, batches)), 0
-        self.dataset._set_position(epoch, stages, 0)
-        if not 0 <= batches <= self.dataset._stage_batches():
+        self.dataset.cursor.seek(epoch, stages, 0)
+        if not 0 <= batches <= self.dataset.leg_batches():
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
-        self.dataset._set_position(epoch, stages, batches)
+        self.dataset.cursor.seek(epoch, stages, batches)
         self._loaded = True

@@ -255,15 +255,14 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             return partition.rank_batches(self.num_samples, world_size=self.world_size, **self._kw())[
                 self.rank
             ]
-        stages = self._control.stages
-        return sum(k for _, _, k in stages) + self._stage_batches()
+        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
 
-    def _stage_batches(self) -> int:
-        """Batches this rank yields in the current stage of the epoch (the epoch, without a resume)."""
+    def leg_batches(self) -> int:
+        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
         if self.mode == "eval":
             return len(self)
         return elastic.rank_batches(
-            self._layout, epoch=self.epoch, stages=self._control.stages, world_size=self.world_size
+            self._layout, epoch=self.epoch, stages=self.cursor.legs, world_size=self.world_size
         )
 
     def _kw(self) -> dict[str, Any]:
@@ -273,7 +272,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """What else fixes the order of an epoch (a mix's weights: see :mod:`.mix`)."""
         return {}
 
-    def _release(self, token: int) -> None:
+    def release(self, token: int) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
         self._control.release(token)
 
@@ -312,7 +311,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             at, self._pending = self._pending, None
             at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers)
         else:
-            epoch, legs, resume = self._control.pass_state()
+            epoch, legs, resume = self.cursor.pass_state()
             # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
             # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
             role = partition.resumed_worker(worker, resume, num_workers)

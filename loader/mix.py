@@ -148,10 +148,11 @@ class MixedDataset(ShardDataset):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch: the shortest source's."""
-        return sum(k for _, _, k in self._control.stages) + self._stage_batches()
+        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
 
-    def _stage_batches(self) -> int:
-        return min(p._stage_batches() for p in self.parts)
+    def leg_batches(self) -> int:
+        """Batches this rank yields in the current leg of the epoch: the shortest source's."""
+        return min(p.leg_batches() for p in self.parts)
 
     def _mix_settings(self) -> dict[str, Any]:
         return {"weights": list(self.weights), "shares": list(self.shares)}

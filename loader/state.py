@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from .control import CORRUPT, FILTERED, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
+from .control import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
 from .errors import ConfigError, ResumeError
 
 __all__ = ["STATE_VERSION", "EpochState", "Leg", "PassPosition", "check_settings", "settings"]
@@ -107,9 +107,14 @@ class EpochState:
     # ---- the epoch, shared with the workers ---------------------------------------------------
 
     @property
+    def cursor(self) -> EpochCursor:
+        """Where the epoch is (the one record, shared with the workers)."""
+        return self._control.cursor
+
+    @property
     def epoch(self) -> int:
         """The epoch the next pass reads (or the one being read)."""
-        return self._control.epoch
+        return self._control.cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass read epoch ``epoch``; the same as :meth:`ShardLoader.set_epoch`.
@@ -119,23 +124,8 @@ class EpochState:
         """
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self._control.epoch:
-            self._set_position(epoch, (), 0)
-
-    def _set_position(
-        self, epoch: int, stages: tuple[Leg, ...], batches: int, *, mid_pass: bool = False
-    ) -> None:
-        """Make the next pass read ``epoch`` after its finished ``stages``, from batch ``batches`` on.
-
-        ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
-        read it as it was (a :class:`~imgshards.loader.ShardLoader` pass starts from the record).
-        """
-        if len(stages) > MAX_STAGES:
-            raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
-        self._control.epoch, self._control.stages = epoch, stages
-        self._control.delivered = batches
-        if not mid_pass:
-            self._control.start_pass(batches)
+        if epoch != self.cursor.epoch:
+            self.cursor.seek(epoch, (), 0)
 
     # ---- torchdata's Stateful protocol (one worker's part of an epoch) ------------------------
 
@@ -175,8 +165,7 @@ class EpochState:
             raise ResumeError(f"num_workers: saved {state['num_workers']!r}, now {num_workers}")
         stages = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
         self._pending = PassPosition(int(state["epoch"]), stages, int(state["batches"]))
-        self._control.epoch, self._control.stages = self._pending.epoch, stages
-        self._control.start_pass(self._control.pass_state()[2])
+        self.cursor.restore(self._pending.epoch, stages)
 
     # ---- counters -------------------------------------------------------------------------------
 
