@@ -208,6 +208,10 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self._layout = elastic.Layout(
             self._shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
         )
+        self._start_state()
+
+    def _start_state(self) -> None:
+        """The state of a dataset's passes (a :class:`~.mix.MixedDataset`'s too)."""
         # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
         # object made once, at their start): the epoch and the resume point are read from here at
         # the start of every pass, and each worker adds up what it skipped in its own slots.
@@ -319,6 +323,10 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             at = PassPosition(epoch, legs, first, role, num_workers)
         self._progress = at
         return at
+
+    def share_state(self, other: ShardDataset) -> None:
+        """Read and count in ``other``'s shared state: its epoch cursor, counters and buffers (a mix's part)."""
+        self._control = other._control
 
     def made(self, at: PassPosition) -> None:
         """Record where this process's pass is (``at.first``: the batches it made), for :meth:`state_dict`."""

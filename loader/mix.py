@@ -32,7 +32,6 @@ from imgshards.converter.manifest import read_manifest
 
 from . import passes
 from .batch import Batch, BufferPool
-from .control import SharedControl
 from .dataset import ShardDataset
 from .epoch.seeds import mix_rng
 from .errors import ConfigError
@@ -114,12 +113,20 @@ class MixedDataset(ShardDataset):
             for i, (s, b) in enumerate(zip(sources, self.shares, strict=True))
         ]
         first = self.parts[0]
-        # The mix's settings are its parts' (the same for every part, but the batch size and seed).
-        self.__dict__.update({k: v for k, v in vars(first).items() if k not in ("_control", "parts")})
-        self.batch_size, self.seed = batch_size, seed
-        self._control = SharedControl()
+        # The settings of the mix's own pass (zip, decode, augment, collate), the same in every part.
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.mode, self.drop_last, self.rank, self.world_size = "train", False, first.rank, first.world_size
+        self.shuffle, self.shuffle_buffer, self.shuffle_initial = (
+            first.shuffle,
+            first.shuffle_buffer,
+            first.shuffle_initial,
+        )
+        self.transform, self.on_error, self.decode_on = first.transform, first.on_error, first.decode_on
+        self.raw_stages, self.image_stages = (), first.image_stages  # the raw stages run in each part
+        self.source = first.source
+        self._start_state()
         for part in self.parts:
-            part._control = self._control  # one epoch, one position, one set of counters
+            part.share_state(self)  # one epoch, one position, one set of counters
         same = all(p.manifest.classes == first.manifest.classes for p in self.parts)
         self._offsets = [0] * len(self.parts)
         if not same:
