@@ -325,7 +325,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         return at
 
     def share_state(self, other: ShardDataset) -> None:
-        """Read and count in ``other``'s shared state: its epoch cursor, counters and buffers (a mix's part)."""
+        """Read and count in ``other``'s shared state: epoch cursor, counters, buffers (a mix's part)."""
         self._control = other._control
 
     def made(self, at: PassPosition) -> None:
