@@ -16,9 +16,11 @@ from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode
+from .epoch import elastic, partition
 from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
 from .mix import MixedDataset
 from .offload import DecodeOn
+from .pipeline import passes
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
 from .remote import RetryPolicy, ShardSource
 
@@ -44,7 +46,10 @@ __all__ = [
     "ShardReadError",
     "ShardSource",
     "decode",
+    "elastic",
     "make_loader",
+    "partition",
+    "passes",
     "preset",
     "stages",
     "to_device",

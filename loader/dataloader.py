@@ -1,9 +1,9 @@
 """``make_loader``: a ``DataLoader`` set up for :class:`ShardDataset`, with epochs and mid-epoch resume.
 
 The resume state is ``(epoch, batches delivered this epoch)`` (plus, after a resume onto another
-topology, the epoch's finished stages: :mod:`.elastic`). Everything else is recomputed: a worker's
+topology, the epoch's finished legs: :mod:`.epoch.elastic`). Everything else is recomputed: a worker's
 share of the epoch and its shuffled sample order are pure functions of the seed, epoch, rank and worker
-(:mod:`.partition`, :mod:`.shuffle`), and DataLoader hands out batches
+(:mod:`.epoch.partition`, :mod:`.epoch.order`), and DataLoader hands out batches
 round-robin over its workers, so the delivered count says exactly how many batches each worker made.
 On resume each worker replays its raw (undecoded) sample stream, drops what it had delivered, and
 goes on: the rest of the epoch is the same batches, in the same order, with the same augmentation.
@@ -23,7 +23,7 @@ from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
 from .errors import ConfigError, ResumeError
-from .state import STATE_VERSION, check_settings, settings
+from .state.checkpoint import STATE_VERSION, check_settings, settings
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -86,7 +86,7 @@ class ShardLoader:
     and loader (same batch size, seed, shuffle settings), call :meth:`load_state_dict`, iterate. In
     train mode the state is the same on every rank, so rank 0's is enough. The world size and the
     worker count may differ (train mode): the rest of the epoch then delivers each of its samples
-    not yet delivered exactly once (see :mod:`.elastic`).
+    not yet delivered exactly once (see :mod:`.epoch.elastic`).
     """
 
     def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Any]) -> None:
@@ -211,7 +211,7 @@ class ShardLoader:
 
         With the saved world size and worker count, the rest is the same batches in the same order.
         With others (train mode), it is every sample of the epoch not yet delivered, exactly once,
-        in equal batch counts on every rank (see :mod:`.elastic`).
+        in equal batch counts on every rank (see :mod:`.epoch.elastic`).
 
         Raises:
             ResumeError: the state comes from a loader with another batch size, seed, split size or

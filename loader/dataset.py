@@ -1,7 +1,7 @@
 """``ShardDataset``: an ``IterableDataset`` over a packed split that yields whole batches.
 
 The class holds the configuration and what an epoch contains; a pass composes the stages of
-:mod:`.pipeline` for the epoch's plan of this rank and worker (:mod:`.partition`)::
+:mod:`.pipeline.passes` for the epoch's plan of this rank and worker (:mod:`.epoch.partition`)::
 
     plan -> raw stream (read, interleave, shuffle) -> batches (skip delivered, decode, transform, collate)
 
@@ -21,18 +21,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from . import elastic, partition, passes
 from .batch import Batch, BufferPool
 from .checks import check_choice, resolve_rank
-from .control import SharedControl
+from .epoch import elastic, partition
+from .epoch.order import Order
 from .errors import ConfigError
 from .offload import DecodeOn, RawBatch
+from .pipeline import passes
+from .pipeline.stagetimes import StageTimes
 from .presets import PRESETS, Transform, preset
-from .profiling.stagetimes import StageTimes
 from .remote import ShardSource
-from .shuffle import Order
 from .stages import Stage, check_stages
-from .state import EpochState, Leg, PassPosition
+from .state.checkpoint import EpochState, Leg, PassPosition
+from .state.cursor import SharedControl
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
 
@@ -48,7 +49,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
     Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` /
     torchdata ``StatefulDataLoader`` with ``batch_size=None``, calling :meth:`set_epoch` each epoch).
     In train mode each worker reads blocks spread over the epoch's shuffled shard sequence (see
-    :mod:`.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
+    :mod:`.epoch.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
     stacks a whole batch, so one message per batch crosses to the main process.
 
     Guarantees, for ``N`` samples in the split, ``W`` world size and batch size ``B``:
@@ -306,7 +307,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
     def begin_pass(self) -> PassPosition:
         """Where this process's pass starts, read when a DataLoader starts it (or a torchdata restore).
 
-        The pass's record as the pass began (:meth:`.control.SharedControl.pass_state`), not as it
+        The pass's record as the pass began (:meth:`.state.cursor.EpochCursor.pass_state`), not as it
         is now: the main process may have moved it on.
         """
         info = get_worker_info()
@@ -333,12 +334,12 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self._progress = at
 
     def count(self, worker: int, what: int, n: int = 1) -> None:
-        """Add ``n`` to the shared counter ``what`` (:data:`.control.CORRUPT`...) of process ``worker``."""
+        """Add ``n`` to shared counter ``what`` (:data:`.state.cursor.CORRUPT`...) of process ``worker``."""
         self._control.count(worker, what, n)
 
     @property
     def order(self) -> Order:
-        """What fixes each worker's sample order but its plan and place (:func:`.shuffle.worker_order`)."""
+        """What fixes a worker's sample order but its plan and place (:func:`.epoch.order.worker_order`)."""
         return self._layout.order
 
     def plan(self, at: PassPosition) -> partition.WorkerPlan:

@@ -41,12 +41,13 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from .batch import Batch, to_device
-from .control import CORRUPT
 from .decode import decode, jpeg_header
+from .epoch.seeds import augment_seed
 from .errors import ConfigError, CorruptImageError
 from .offload import DecodeOn, RawBatch
-from .pipeline import augment_seed, seeded
+from .pipeline.read import seeded
 from .presets import Transform
+from .state.cursor import CORRUPT
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset

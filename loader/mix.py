@@ -30,16 +30,16 @@ from torch.utils.data import IterableDataset
 
 from imgshards.converter.manifest import read_manifest
 
-from . import passes
 from .batch import Batch, BufferPool
 from .dataset import ShardDataset
 from .epoch.seeds import mix_rng
 from .errors import ConfigError
 from .offload import RawBatch
-from .profiling.stagetimes import NoClock, StageClock
+from .pipeline import passes
+from .pipeline.stagetimes import NoClock, StageClock
 from .remote import ShardSource
 from .stages import LABEL
-from .state import Leg, PassPosition
+from .state.checkpoint import Leg, PassPosition
 
 __all__ = ["MixedDataset", "split_batch"]
 

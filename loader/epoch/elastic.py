@@ -2,12 +2,12 @@
 
 An epoch may run in *legs*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
 after every rank delivered ``k1`` batches, the next at ``W2`` / ``N2`` over what is left, and so on.
-A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`.state.Leg`;
+A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`..state.checkpoint.Leg`;
 "stages" in a saved state, and in the arguments below); the finished legs of an epoch and the seed
 fix everything else:
 
 - The samples a stage delivered are a pure function of its plan and the count: each worker's sample
-  order is the interleave-and-shuffle of :mod:`.pipeline` run on sample *positions* instead of
+  order is the interleave-and-shuffle of :mod:`.order` run on sample *positions* instead of
   samples, so it is recomputed here from indices, without reading a shard (:func:`remaining`).
 - The next stage deals the samples not yet delivered, in the epoch's shard order, to its ranks and
   workers in blocks, as :func:`.partition.worker_plan` deals a fresh epoch: every rank gets the
@@ -29,8 +29,8 @@ from itertools import islice
 import numpy as np
 
 from . import partition
+from .order import Order, worker_order
 from .partition import Segment, WorkerPlan
-from .shuffle import Order, worker_order
 
 __all__ = [
     "Layout",
@@ -43,7 +43,7 @@ __all__ = [
     "stream_positions",
 ]
 
-from .state import Leg
+from ..state.checkpoint import Leg
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Layout:
 
     @property
     def order(self) -> Order:
-        """What fixes a worker's sample order (:func:`.shuffle.worker_order`)."""
+        """What fixes a worker's sample order (:func:`.order.worker_order`)."""
         return Order(self.seed, self.shuffle, self.shuffle_buffer, self.shuffle_initial)
 
 
@@ -195,7 +195,7 @@ def stream_positions(
 ) -> Iterator[int]:
     """The worker's sample order as virtual positions: what its pass yields, replayed on indices.
 
-    The same :func:`.shuffle.worker_order` the read calls, on runs of positions instead of samples.
+    The same :func:`.order.worker_order` the read calls, on runs of positions instead of samples.
     """
     runs = [
         [int(base[seg.shard]) + i for i in range(seg.start, seg.stop) if i not in seg.skip]

@@ -1,7 +1,7 @@
 """A worker's sample order: its shard runs interleaved, then through a shuffle buffer.
 
 :func:`worker_order` is the one definition of that order. The pass calls it on runs of raw samples
-(:mod:`.passes`), the elastic replay on runs of sample positions (:mod:`.elastic`), so what a resume
+(:mod:`..pipeline.passes`), the elastic replay on runs of sample positions (:mod:`.elastic`), so what a resume
 recomputes is what the read did. Both stages take any iterables and a ``numpy`` Generator; the same
 inputs and RNG state give the same output order.
 """
@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .epoch.seeds import worker_rng
+from .seeds import worker_rng
 
 __all__ = ["Order", "buffer_shuffle", "interleave", "worker_order", "worker_rng"]
 

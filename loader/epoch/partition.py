@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .epoch.seeds import DROPPED, SHARD_ORDER, epoch_rng
+from .seeds import DROPPED, SHARD_ORDER, epoch_rng
 
 __all__ = [
     "BLOCKS_PER_WORKER",

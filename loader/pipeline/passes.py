@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 import webdataset as wds
 
-from . import partition
-from . import stages as st
-from .batch import BufferPool
-from .control import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
-from .epoch.seeds import augment_seed, stages_seed
-from .errors import CorruptImageError, ShardReadError
-from .pipeline import read_elsewhere, read_runs
-from .profiling.stagetimes import NO_CLOCK, READ, NoClock, StageClock
-from .reader import RawSample
-from .shuffle import worker_order
-from .state import PassPosition
+from .. import stages as st
+from ..batch import BufferPool
+from ..epoch import partition
+from ..epoch.order import worker_order
+from ..epoch.seeds import augment_seed, stages_seed
+from ..errors import CorruptImageError, ShardReadError
+from ..reader import RawSample
+from ..state.checkpoint import PassPosition
+from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
+from .read import read_elsewhere, read_runs
+from .stagetimes import NO_CLOCK, READ, NoClock, StageClock
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset
+    from ..dataset import ShardDataset
 
 __all__ = ["PIPELINE", "on_corrupt", "picture", "raw_batches", "raw_samples", "worker_pass"]
 

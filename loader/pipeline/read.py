@@ -1,6 +1,6 @@
 """The raw-sample stages of one worker's pass, each a generator or a plain function.
 
-:mod:`.passes` wires them, then the decode and batch stages of :mod:`.stages`::
+:mod:`.passes` wires them, then the decode and batch stages of :mod:`imgshards.loader.stages`::
 
     elastic.plan (partition.worker_plan) -> read_runs -> shuffle.worker_order (interleave -> buffer_shuffle)
         -> batched (skip delivered, make up lost samples) -> stages (decode -> transform -> collate)
@@ -24,11 +24,11 @@ import torch
 
 from imgshards.converter.manifest import ShardInfo, SplitInfo
 
-from .epoch.seeds import augment_seed
-from .errors import CorruptImageError, ShardReadError
-from .partition import Segment
-from .reader import RawSample, read_run
-from .remote import ShardSource
+from ..epoch.partition import Segment
+from ..epoch.seeds import augment_seed
+from ..errors import CorruptImageError, ShardReadError
+from ..reader import RawSample, read_run
+from ..remote import ShardSource
 
 __all__ = [
     "augment_seed",

@@ -4,7 +4,7 @@
 :class:`~imgshards.loader.ShardDataset`, through torchdata's ``Stateful`` protocol, one worker's
 part of that; both carry the settings below, and a state made with other settings is refused with
 the difference named (world size and worker count may differ for a ``ShardLoader``: see
-:mod:`.elastic`).
+:mod:`..epoch.elastic`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from .control import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
-from .errors import ConfigError, ResumeError
+from ..errors import ConfigError, ResumeError
+from .cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
 
 __all__ = ["STATE_VERSION", "EpochState", "Leg", "PassPosition", "check_settings", "settings"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .batch import BufferPool
-from .errors import ResumeError
+from ..batch import BufferPool
+from ..errors import ResumeError
 
 __all__ = [
     "CORRUPT",
@@ -71,7 +71,7 @@ class EpochCursor:
 
     @property
     def legs(self) -> tuple[tuple[int, int, int], ...]:
-        """The epoch's finished legs ``(world_size, num_workers, batches)`` (see :mod:`.elastic`)."""
+        """The epoch's finished legs ``(world_size, num_workers, batches)`` (see :mod:`..epoch.elastic`)."""
         return self._read_legs(_NSTAGES)
 
     @property

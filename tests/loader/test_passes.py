@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from imgshards.converter import read_manifest
 from imgshards.loader import ShardDataset, elastic, passes
-from imgshards.loader.state import PassPosition
+from imgshards.loader.state.checkpoint import PassPosition
 
 ROOT = Path(__file__).resolve().parents[2]
 
