@@ -295,11 +295,13 @@ def against(args: argparse.Namespace) -> None:
             "limit": lambda name: run_cpu_limit(name, args),
         }
         rates: dict[str, dict[str, list[float]]] = {}
+        cpus: dict[str, dict[str, list[float]]] = {}
         for r in range(args.rounds):
             for name in args.presets:
                 for key, run in contenders.items():
                     rate, cpu = run(name)
                     rates.setdefault(name, {}).setdefault(key, []).append(rate)
+                    cpus.setdefault(name, {}).setdefault(key, []).append(cpu)
                     print(f"  {name} round {r}: {key} {rate:.0f}/s, {cpu:.2f} CPU ms/img", file=sys.stderr)
     print(
         f"{split.samples} images in {len(split.shards)} shards, {args.workers} workers, batch "
@@ -320,7 +322,19 @@ def against(args: argparse.Namespace) -> None:
         vs_limit = f"{ours / limit:.2f} ({verdict[ours / limit >= AGAINST_TARGETS['limit']]})"
         print(f"| {name} | {ours:.0f} | {ref:.0f} | {limit:.0f} | {vs_ref} | {vs_limit} |")
     print()
-    print("rounds (images/s): " + json.dumps(rates))
+    print()
+    # CPU time per image (all the loader's processes, start-up included) moves much less with the
+    # machine's load than images/s does: on a shared machine it is the steadier of the two ratios.
+    print(f"| preset | CPU ms/img: this | at {args.against} | limit | {args.against} / this | limit / this |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, by in cpus.items():
+        ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
+        print(f"| {name} | {ours:.2f} | {ref:.2f} | {limit:.2f} | {ref / ours:.2f} | {limit / ours:.2f} |")
+    print()
+    print(
+        "rounds (images/s): "
+        + json.dumps({n: {k: [round(x) for x in v] for k, v in by.items()} for n, by in rates.items()})
+    )
 
 
 RUNS = {
