@@ -250,7 +250,7 @@ def warm_cache(*roots: Path) -> None:
                         pass
 
 
-def install_ref(ref: str, where: Path) -> Path:
+def install_ref(ref: str, where: Path, repo: Path = REPO) -> Path:
     """Install git ref ``ref`` of this repository into a venv under ``where``; return its python.
 
     The venv sees the machine's packages (torch, torchvision, webdataset...), so both loaders run on
@@ -258,7 +258,7 @@ def install_ref(ref: str, where: Path) -> Path:
     """
     src, venv = where / "src", where / "venv"
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     subprocess.run(
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
@@ -288,7 +288,7 @@ def against(args: argparse.Namespace) -> None:
     split = read_manifest(args.packed).split("train")
     with tempfile.TemporaryDirectory(prefix="imgshards-against-") as tmp:
         print(f"installing {args.against} into a temporary venv ...", file=sys.stderr)
-        ref_python = install_ref(args.against, Path(tmp))
+        ref_python = install_ref(args.against, Path(tmp), args.repo)
         contenders: dict[str, Callable[[str], tuple[float, float]]] = {
             "imgshards": lambda name: run_in(sys.executable, name, args),
             "ref": lambda name: run_in(ref_python, name, args),
@@ -359,6 +359,7 @@ def main() -> None:
     p.add_argument("--presets", nargs="+", default=None, choices=["train", "resnet", "eval"])
     p.add_argument("--decode-on", choices=["cpu", "cuda"], default=None, help="also run (d) decode_on=...")
     p.add_argument("--against", metavar="REF", help="alternate with the loader at git ref REF (medians)")
+    p.add_argument("--repo", type=Path, default=REPO, help="git repository holding REF (default: this one)")
     p.add_argument("--one", metavar="PRESET", help=argparse.SUPPRESS)  # one imgshards run, as JSON
     args = p.parse_args()
     if args.one is not None:
