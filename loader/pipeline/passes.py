@@ -83,9 +83,9 @@ def worker_pass(
         plan = ds.plan(at)
         head: list[Any] = [
             # [read] -> RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}: one run of
-            #           samples a segment, read from the tar (reader.read_run, pipeline.read_runs)
+            #           samples a segment, read from the tar (reader.read_run, read.read_runs)
             # [order] -> RawSample, in the worker's order: runs interleaved, buffer-shuffled
-            #            (shuffle.worker_order, which the elastic replay calls too)
+            #            (epoch.order.worker_order, which the elastic replay calls too)
             lambda: clock.timed_iter(READ, _read(ds, plan, at)),
             # [cut] -> (k, [RawSample]): batch k of the plan; batches before at.first read, not
             #          decoded; in train what a damaged shard lost is made up from recent samples
