@@ -67,7 +67,8 @@ from torchvision.datasets import ImageFolder
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from imgshards.converter import PackConfig, pack, read_manifest
-from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, ShardDataset, decode, make_loader, preset
+from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, ShardDataset, make_loader, preset
+from imgshards.loader.decode import decode
 
 TARGETS = {"a": 1.9, "b": 2.2, "c": 0.85}
 AGAINST_TARGETS = {"ref": 1.0, "limit": 0.95}  # imgshards / REF, imgshards / limit (issue 22)

@@ -15,7 +15,7 @@ from . import stages
 from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
-from .decode import decode
+from .decode import decode as decode_image
 from .epoch import elastic, partition
 from .errors import ConfigError, CorruptImageError, ResumeError, ShardReadError
 from .mix import MixedDataset
@@ -45,7 +45,7 @@ __all__ = [
     "ShardLoader",
     "ShardReadError",
     "ShardSource",
-    "decode",
+    "decode_image",
     "elastic",
     "make_loader",
     "partition",

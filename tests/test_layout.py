@@ -109,3 +109,17 @@ def test_every_package_says_what_it_holds(folder):
     for init in (ROOT / folder).rglob("__init__.py"):
         tree = ast.parse(init.read_text())
         assert ast.get_docstring(tree), f"{init.relative_to(ROOT)} has no docstring saying what it holds"
+
+
+def test_no_name_of_the_loader_masks_one_of_its_modules():
+    # `imgshards.loader.decode` is the module; the function is `decode_image` (or `.decode.decode`).
+    import importlib
+    import inspect
+
+    for init in (ROOT / "loader").rglob("__init__.py"):
+        package = importlib.import_module(_module_name(init))
+        for path in init.parent.iterdir():
+            is_package = (path / "__init__.py").exists()
+            name = path.stem if path.suffix == ".py" else path.name if is_package else None
+            if name and name != "__init__" and name in vars(package):
+                assert inspect.ismodule(vars(package)[name]), f"{package.__name__}.{name} masks its module"

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from imgshards.loader import CorruptImageError, decode
+from imgshards.loader import CorruptImageError
+from imgshards.loader.decode import decode
 
 
 def encode(image: Image.Image, fmt: str) -> bytes:
