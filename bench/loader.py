@@ -23,6 +23,16 @@ measures, with ``--workers`` DataLoader workers and batches of ``--batch-size``:
   as normalized floats on the device (imgshards' as uint8 in shared memory: ``to_device`` on a GPU
   costs little). Timing ends with a CUDA synchronize, so queued GPU work is counted.
 
+With ``--against REF`` (a git ref, e.g. ``e8eb196``, the last release) it instead installs REF into a
+temporary venv (``git archive`` of REF, ``pip install --no-deps --no-build-isolation`` into a venv
+made with ``--system-site-packages``, so both versions run on the same torch), then alternates, round
+by round: this checkout's loader, REF's loader, each in a fresh process on the same shards, and the
+``limit`` row (one process decoding and augmenting the same images from memory with this checkout's
+decode and preset, times the worker count). It prints the median of each and two ratios:
+imgshards / REF and imgshards / limit, per preset (``train``, ``resnet``, ``eval``)::
+
+    python bench/loader.py --tree /tmp/inet10k --packed /tmp/inet10k-packed --against e8eb196
+
 Each figure is images/s from the first batch on (worker start-up excluded). The pipelines run in
 turn, ``--rounds`` times over, ``--images`` images each time, and each keeps its best round: on a
 shared machine a burst of load from elsewhere then spoils one round of each, not one pipeline.
@@ -35,11 +45,15 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import multiprocessing
 import os
 import resource
+import statistics
+import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -53,9 +67,12 @@ from torchvision.datasets import ImageFolder
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from imgshards.converter import PackConfig, pack, read_manifest
-from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, ShardDataset, decode, make_loader, preset
+from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, ShardDataset, make_loader, preset
+from imgshards.loader.decode import decode
 
 TARGETS = {"a": 1.9, "b": 2.2, "c": 0.85}
+AGAINST_TARGETS = {"ref": 1.0, "limit": 0.95}  # imgshards / REF, imgshards / limit (issue 22)
+REPO = Path(__file__).resolve().parents[1]
 LABELS = {
     "imgshards": "imgshards ShardDataset + make_loader",
     "a": "(a) ImageFolder + DataLoader, PIL transforms",
@@ -68,6 +85,10 @@ LABELS = {
 
 def reference_transform(name: str) -> Callable:
     """torchvision's reference pipeline on PIL images, ending in a normalized float tensor."""
+    if name == "eval":
+        return T.Compose(
+            [T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        )
     if name == "train":
         return T.Compose(
             [
@@ -230,6 +251,93 @@ def warm_cache(*roots: Path) -> None:
                         pass
 
 
+def install_ref(ref: str, where: Path, repo: Path = REPO) -> Path:
+    """Install git ref ``ref`` of this repository into a venv under ``where``; return its python.
+
+    The venv sees the machine's packages (torch, torchvision, webdataset...), so both loaders run on
+    the same libraries; only imgshards differs.
+    """
+    src, venv = where / "src", where / "venv"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
+    )
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(src)],
+        check=True,
+        cwd=where,
+    )
+    return python
+
+
+def run_in(python: str | Path, name: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Time the imgshards loader that ``python`` imports, in a fresh process (``--one``)."""
+    cmd = [str(python), str(Path(__file__).resolve()), "--one", name, "--tree", str(args.tree)]
+    cmd += ["--packed", str(args.packed), "--workers", str(args.workers)]
+    cmd += ["--batch-size", str(args.batch_size), "--images", str(args.images)]
+    # Out of the repo: a checkout on sys.path would shadow the installed version under test.
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
+    rate, cpu = json.loads(out.strip().splitlines()[-1])
+    return float(rate), float(cpu)
+
+
+def against(args: argparse.Namespace) -> None:
+    """Alternate this checkout's loader, REF's and the limit on the same shards; print medians and ratios."""
+    split = read_manifest(args.packed).split("train")
+    with tempfile.TemporaryDirectory(prefix="imgshards-against-") as tmp:
+        print(f"installing {args.against} into a temporary venv ...", file=sys.stderr)
+        ref_python = install_ref(args.against, Path(tmp), args.repo)
+        contenders: dict[str, Callable[[str], tuple[float, float]]] = {
+            "imgshards": lambda name: run_in(sys.executable, name, args),
+            "ref": lambda name: run_in(ref_python, name, args),
+            "limit": lambda name: run_cpu_limit(name, args),
+        }
+        rates: dict[str, dict[str, list[float]]] = {}
+        cpus: dict[str, dict[str, list[float]]] = {}
+        for r in range(args.rounds):
+            for name in args.presets:
+                for key, run in contenders.items():
+                    rate, cpu = run(name)
+                    rates.setdefault(name, {}).setdefault(key, []).append(rate)
+                    cpus.setdefault(name, {}).setdefault(key, []).append(cpu)
+                    print(f"  {name} round {r}: {key} {rate:.0f}/s, {cpu:.2f} CPU ms/img", file=sys.stderr)
+    print(
+        f"{split.samples} images in {len(split.shards)} shards, {args.workers} workers, batch "
+        f"{args.batch_size}, {os.cpu_count()} CPUs, torch {torch.__version__}; median of {args.rounds} "
+        f"alternated rounds of {args.images} images ({args.cpu_images} for the limit); "
+        f"load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    print()
+    print(
+        f"| preset | imgshards (this checkout) | imgshards at {args.against} | limit (1 process x "
+        f"{args.workers}) | this / {args.against} | this / limit |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, by in rates.items():
+        ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
+        verdict = {True: "met", False: "MISSED"}
+        vs_ref = f"{ours / ref:.2f} ({verdict[ours / ref >= AGAINST_TARGETS['ref']]})"
+        vs_limit = f"{ours / limit:.2f} ({verdict[ours / limit >= AGAINST_TARGETS['limit']]})"
+        print(f"| {name} | {ours:.0f} | {ref:.0f} | {limit:.0f} | {vs_ref} | {vs_limit} |")
+    print()
+    print()
+    # CPU time per image (all the loader's processes, start-up included) moves much less with the
+    # machine's load than images/s does: on a shared machine it is the steadier of the two ratios.
+    print(f"| preset | CPU ms/img: this | at {args.against} | limit | {args.against} / this | limit / this |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, by in cpus.items():
+        ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
+        print(f"| {name} | {ours:.2f} | {ref:.2f} | {limit:.2f} | {ref / ours:.2f} | {limit / ours:.2f} |")
+    print()
+    print(
+        "rounds (images/s): "
+        + json.dumps({n: {k: [round(x) for x in v] for k, v in by.items()} for n, by in rates.items()})
+    )
+
+
 RUNS = {
     "imgshards": run_imgshards,
     "a": run_imagefolder,
@@ -249,9 +357,17 @@ def main() -> None:
     p.add_argument("--cpu-images", type=int, default=1000, help="images per measurement of (c), (c2)")
     p.add_argument("--rounds", type=int, default=3, help="measurements of each pipeline; the best counts")
     p.add_argument("--shard-size", type=int, default=64 * 10**6, help="bytes per shard when packing")
-    p.add_argument("--presets", nargs="+", default=["train", "resnet"], choices=["train", "resnet"])
+    p.add_argument("--presets", nargs="+", default=None, choices=["train", "resnet", "eval"])
     p.add_argument("--decode-on", choices=["cpu", "cuda"], default=None, help="also run (d) decode_on=...")
+    p.add_argument("--against", metavar="REF", help="alternate with the loader at git ref REF (medians)")
+    p.add_argument("--repo", type=Path, default=REPO, help="git repository holding REF (default: this one)")
+    p.add_argument("--one", metavar="PRESET", help=argparse.SUPPRESS)  # one imgshards run, as JSON
     args = p.parse_args()
+    if args.one is not None:
+        print(json.dumps(run_imgshards(args.one, args)))
+        return
+    if args.presets is None:
+        args.presets = ["train", "resnet", "eval"] if args.against else ["train", "resnet"]
     if args.decode_on is not None:
         RUNS["d"] = run_decode_on
 
@@ -262,6 +378,10 @@ def main() -> None:
     split = read_manifest(args.packed).split("train")
     warm_cache(args.tree, args.packed)
     _IMAGES.extend(load_images(args.packed, args.cpu_images))
+
+    if args.against is not None:
+        against(args)
+        return
 
     header = (
         f"{split.samples} images in {len(split.shards)} shards, {args.workers} workers, "

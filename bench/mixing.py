@@ -29,7 +29,8 @@ import webdataset as wds
 from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
 from imgshards.loader import ShardDataset, passes
-from imgshards.loader.pipeline import batched
+from imgshards.loader.pipeline.read import batched
+from imgshards.loader.state.checkpoint import PassPosition
 
 LAYOUTS = [(1, 1), (1, 4), (2, 2), (4, 2)]
 FIRST = 5
@@ -74,8 +75,8 @@ def rank_labels(
     ds = ShardDataset(root, batch_size=batch, rank=rank, world_size=world)
     per_worker = []
     for w in range(workers):
-        plan = ds._plan(epoch, (), w, workers)
-        raw = passes._stream(ds, plan, epoch, 0, w)
+        at = PassPosition(epoch, (), 0, w, workers)
+        plan, raw = ds.plan(at), passes.raw_samples(ds, at)
         per_worker.append([[s.label for s in b] for _, b in batched(raw, sizes=plan.sizes, make_up=None)])
     return [per_worker[j % workers][j // workers] for j in range(sum(map(len, per_worker)))]
 

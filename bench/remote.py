@@ -42,9 +42,9 @@ import fsspec
 import numpy as np
 
 from imgshards.converter import PackConfig, pack, read_manifest, scan_tree
+from imgshards.loader.epoch.order import interleave
 from imgshards.loader.reader import read_run
 from imgshards.loader.remote.source import ShardSource
-from imgshards.loader.shuffle import interleave
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 

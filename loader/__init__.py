@@ -15,10 +15,12 @@ from . import stages
 from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
-from .decode import decode
+from .decode import decode as decode_image
+from .epoch import elastic, partition
 from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, ShardReadError
 from .mix import MixedDataset
 from .offload import DecodeOn
+from .pipeline import passes
 from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
 from .remote import RetryPolicy, ShardSource
 
@@ -44,8 +46,11 @@ __all__ = [
     "ShardLoader",
     "ShardReadError",
     "ShardSource",
-    "decode",
+    "decode_image",
+    "elastic",
     "make_loader",
+    "partition",
+    "passes",
     "preset",
     "stages",
     "to_device",

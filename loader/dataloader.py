@@ -1,9 +1,9 @@
 """``make_loader``: a ``DataLoader`` set up for :class:`ShardDataset`, with epochs and mid-epoch resume.
 
 The resume state is ``(epoch, batches delivered this epoch)`` (plus, after a resume onto another
-topology, the epoch's finished stages: :mod:`.elastic`). Everything else is recomputed: a worker's
+topology, the epoch's finished legs: :mod:`.epoch.elastic`). Everything else is recomputed: a worker's
 share of the epoch and its shuffled sample order are pure functions of the seed, epoch, rank and worker
-(:mod:`.partition`, :mod:`.shuffle`), and DataLoader hands out batches
+(:mod:`.epoch.partition`, :mod:`.epoch.order`), and DataLoader hands out batches
 round-robin over its workers, so the delivered count says exactly how many batches each worker made.
 On resume each worker replays its raw (undecoded) sample stream, drops what it had delivered, and
 goes on: the rest of the epoch is the same batches, in the same order, with the same augmentation.
@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -30,7 +30,7 @@ from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
 from .errors import ConfigError, LoaderTimeoutError, ResumeError
-from .state import STATE_VERSION, check_settings, settings
+from .state.checkpoint import STATE_VERSION, check_settings, settings
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -103,7 +103,7 @@ class ShardLoader:
     and loader (same batch size, seed, shuffle settings), call :meth:`load_state_dict`, iterate. In
     train mode the state is the same on every rank, so rank 0's is enough. The world size and the
     worker count may differ (train mode): the rest of the epoch then delivers each of its samples
-    not yet delivered exactly once (see :mod:`.elastic`).
+    not yet delivered exactly once (see :mod:`.epoch.elastic`).
     """
 
     def __init__(
@@ -136,13 +136,11 @@ class ShardLoader:
         self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        ds, control = self.dataset, self.dataset._control
-        if ds.mode == "eval" and not self._loaded:
-            control.delivered = 0
+        ds, cursor = self.dataset, self.dataset.cursor
+        # What the workers read as their pass starts (an eval pass restarts unless resumed).
+        delivered = cursor.begin_pass(restart=ds.mode == "eval" and not self._loaded)
         self._loaded = False
-        epoch, delivered = ds.epoch, control.delivered
-        control.start_pass(delivered)  # what the workers read as their pass starts
-        total = ds._stage_batches()
+        epoch, total = ds.epoch, ds.leg_batches()
         counts = (ds.corrupt_skipped, ds.lost_samples, ds.filtered_samples)
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
@@ -152,24 +150,23 @@ class ShardLoader:
             if self._start_method is None:
                 self.dataloader.multiprocessing_context = _start_method(ds)
             self.dataloader.worker_init_fn = functools.partial(_end_with, os.getpid())
-        batches = _timed(cast(Iterable[Batch], self.dataloader), self.dataloader.timeout, self.num_workers)
-        if self.decoder is not None:
-            batches = self.decoder.stream(self.dataloader)
+        # Raw batches with decode_on (decoded here), else finished ones.
+        source = _timed(self.dataloader, self.dataloader.timeout, self.num_workers)
+        batches: Iterable[Batch] = source if self.decoder is None else self.decoder.stream(source)
         for batch in batches:
             self._give_back()
             # Only the workers' own batches come from their buffer pools; decoded ones never do.
             token = pool_token(batch.images) if self.decoder is None else None
             if token is not None:
                 self._lent.append((StorageWeakRef(batch.images.untyped_storage()), token))
-            delivered += 1
-            control.delivered = delivered  # the one record: an interrupted pass resumes here
+            delivered = cursor.deliver()  # the one record: an interrupted pass resumes here
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
                 done = self._finish(epoch, *counts)
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
             self._finish(epoch, *counts)
-        control.start_pass(0)  # every worker has ended this pass: the next reads the next epoch
+        cursor.end_pass()  # every worker has ended this pass: the next reads the next epoch
 
     def _finish(self, epoch: int, corrupt: int, lost: int, filtered: int) -> bool:
         ds = self.dataset
@@ -209,7 +206,7 @@ class ShardLoader:
             )
         # Workers that start late (on a busy machine, after the others made the pass's last batches)
         # must still read this epoch: only the record moves on.
-        ds._set_position(epoch + 1, (), 0, mid_pass=True)
+        ds.cursor.finish_epoch()
         return True
 
     def _give_back(self) -> None:
@@ -217,19 +214,19 @@ class ShardLoader:
         still = []
         for ref, token in self._lent:
             if ref.expired():
-                self.dataset._release(token)
+                self.dataset.release(token)
             else:
                 still.append((ref, token))
         self._lent = still
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: epoch, finished stages, batches delivered, and what fixes the order."""
-        control = self.dataset._control
+        cursor = self.dataset.cursor
         return {
             "version": STATE_VERSION,
-            "epoch": self.dataset.epoch,
-            "stages": [list(s) for s in control.stages],
-            "batches": control.delivered,
+            "epoch": cursor.epoch,
+            "stages": [list(s) for s in cursor.legs],  # the finished legs (the key of every version)
+            "batches": cursor.delivered,
             "world_size": self.dataset.world_size,
             "num_workers": self.num_workers,
             **settings(self.dataset),
@@ -240,7 +237,7 @@ class ShardLoader:
 
         With the saved world size and worker count, the rest is the same batches in the same order.
         With others (train mode), it is every sample of the epoch not yet delivered, exactly once,
-        in equal batch counts on every rank (see :mod:`.elastic`).
+        in equal batch counts on every rank (see :mod:`.epoch.elastic`).
 
         Raises:
             ResumeError: the state comes from a loader with another batch size, seed, split size or
@@ -263,10 +260,10 @@ class ShardLoader:
                     f"{self.dataset.world_size}; num_workers: saved {n}, now {self.num_workers}"
                 )
             stages, batches = (*stages, (*topology, batches)), 0
-        self.dataset._set_position(epoch, stages, 0)
-        if not 0 <= batches <= self.dataset._stage_batches():
+        self.dataset.cursor.seek(epoch, stages, 0)
+        if not 0 <= batches <= self.dataset.leg_batches():
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
-        self.dataset._set_position(epoch, stages, batches)
+        self.dataset.cursor.seek(epoch, stages, batches)
         self._loaded = True
 
 
@@ -301,7 +298,7 @@ def _start_method(dataset: ShardDataset) -> str | None:
     return "forkserver"
 
 
-def _timed(batches: Iterable[Batch], timeout: float, workers: int) -> Iterator[Batch]:
+def _timed(batches: Iterable[Any], timeout: float, workers: int) -> Iterator[Any]:
     """``batches``, with the DataLoader's timeout raised as :class:`LoaderTimeoutError`."""
     it = iter(batches)
     while True:

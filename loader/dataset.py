@@ -1,7 +1,7 @@
 """``ShardDataset``: an ``IterableDataset`` over a packed split that yields whole batches.
 
 The class holds the configuration and what an epoch contains; a pass composes the stages of
-:mod:`.pipeline` for the epoch's plan of this rank and worker (:mod:`.partition`)::
+:mod:`.pipeline.passes` for the epoch's plan of this rank and worker (:mod:`.epoch.partition`)::
 
     plan -> raw stream (read, interleave, shuffle) -> batches (skip delivered, decode, transform, collate)
 
@@ -21,17 +21,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from . import elastic, partition, passes
 from .batch import Batch, BufferPool
 from .checks import check_choice, resolve_rank
-from .control import SharedControl
+from .epoch import elastic, partition
+from .epoch.order import Order
 from .errors import ConfigError
 from .offload import DecodeOn, RawBatch
+from .pipeline import passes
+from .pipeline.stagetimes import StageTimes
 from .presets import PRESETS, Transform, preset
-from .profiling.stagetimes import StageTimes
 from .remote import ShardSource
 from .stages import Stage, check_stages
-from .state import EpochState
+from .state.checkpoint import EpochState, Leg, PassPosition
+from .state.cursor import SharedControl
 
 __all__ = ["Mode", "OnError", "ShardDataset"]
 
@@ -47,7 +49,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
     Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` /
     torchdata ``StatefulDataLoader`` with ``batch_size=None``, calling :meth:`set_epoch` each epoch).
     In train mode each worker reads blocks spread over the epoch's shuffled shard sequence (see
-    :mod:`.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
+    :mod:`.epoch.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
     stacks a whole batch, so one message per batch crosses to the main process.
 
     Guarantees, for ``N`` samples in the split, ``W`` world size and batch size ``B``:
@@ -207,15 +209,19 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self._layout = elastic.Layout(
             self._shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
         )
+        self._start_state()
+
+    def _start_state(self) -> None:
+        """The state of a dataset's passes (a :class:`~.mix.MixedDataset`'s too)."""
         # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
         # object made once, at their start): the epoch and the resume point are read from here at
         # the start of every pass, and each worker adds up what it skipped in its own slots.
         self._control = SharedControl()
         self._pool: BufferPool | None = None  # made in each worker process, on its first batch
-        # This process's pass, for state_dict(): (epoch, stages, worker, num_workers, batches made);
-        # and a place loaded by load_state_dict() that the next pass of this process starts from.
-        self._progress: tuple[int, tuple[elastic.Stage, ...], int, int, int] = (0, (), 0, 1, 0)
-        self._pending: tuple[int, tuple[elastic.Stage, ...], int] | None = None
+        # This process's pass, for state_dict() (``first``: the batches made); and a place loaded by
+        # load_state_dict() that the next pass of this process starts from.
+        self._progress = PassPosition()
+        self._pending: PassPosition | None = None
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
         # then each worker times its stages and counts its batches in it.
         self.stage_times: StageTimes | None = None
@@ -254,15 +260,14 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             return partition.rank_batches(self.num_samples, world_size=self.world_size, **self._kw())[
                 self.rank
             ]
-        stages = self._control.stages
-        return sum(k for _, _, k in stages) + self._stage_batches()
+        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
 
-    def _stage_batches(self) -> int:
-        """Batches this rank yields in the current stage of the epoch (the epoch, without a resume)."""
+    def leg_batches(self) -> int:
+        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
         if self.mode == "eval":
             return len(self)
         return elastic.rank_batches(
-            self._layout, epoch=self.epoch, stages=self._control.stages, world_size=self.world_size
+            self._layout, epoch=self.epoch, stages=self.cursor.legs, world_size=self.world_size
         )
 
     def _kw(self) -> dict[str, Any]:
@@ -272,25 +277,24 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """What else fixes the order of an epoch (a mix's weights: see :mod:`.mix`)."""
         return {}
 
-    def _release(self, token: int) -> None:
+    def release(self, token: int) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
         self._control.release(token)
 
-    # ---- a pass: plan -> raw stream -> batches (passes.py) -------------------------------------
+    # ---- a pass (passes.worker_pass lists its stages) ------------------------------------------
 
     def __iter__(self) -> Iterator[Batch | RawBatch]:
-        epoch, stages, first, role, num_workers = passes.position(self)
-        self._progress = (epoch, stages, role, num_workers, first)
+        at = self.begin_pass()
         info = get_worker_info()
         if info is not None and self._pool is None:
             self._pool = self._control.pool(info.id)  # made in each worker process, on its first pass
         pool = self._pool if info is not None else None
-        return self._batches(epoch, stages, first, role, num_workers, pool=pool)
+        return self._batches(at.epoch, at.legs, at.first, at.worker, at.num_workers, pool=pool)
 
     def _batches(
         self,
         epoch: int,
-        stages: tuple[elastic.Stage, ...],
+        legs: tuple[Leg, ...],
         first: int,
         worker: int,
         num_workers: int,
@@ -298,18 +302,55 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         pool: BufferPool | None,
     ) -> Iterator[Batch | RawBatch]:
         """The batches worker ``worker`` of ``num_workers`` yields in a pass, from batch ``first`` on."""
-        return passes.run(self, epoch, stages, first, worker, num_workers, pool=pool)
+        return passes.worker_pass(self, PassPosition(epoch, legs, first, worker, num_workers), pool=pool)
 
-    def _plan(
-        self, epoch: int, stages: tuple[elastic.Stage, ...], worker: int, num_workers: int
-    ) -> partition.WorkerPlan:
+    def begin_pass(self) -> PassPosition:
+        """Where this process's pass starts, read when a DataLoader starts it (or a torchdata restore).
+
+        The pass's record as the pass began (:meth:`.state.cursor.EpochCursor.pass_state`), not as it
+        is now: the main process may have moved it on.
+        """
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
+            at, self._pending = self._pending, None
+            at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers)
+        else:
+            epoch, legs, resume = self.cursor.pass_state()
+            # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
+            # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
+            role = partition.resumed_worker(worker, resume, num_workers)
+            first = partition.delivered_by_worker(resume, num_workers)[role]
+            at = PassPosition(epoch, legs, first, role, num_workers)
+        self._progress = at
+        return at
+
+    def share_state(self, other: ShardDataset) -> None:
+        """Read and count in ``other``'s shared state: epoch cursor, counters, buffers (a mix's part)."""
+        self._control = other._control
+
+    def made(self, at: PassPosition) -> None:
+        """Record where this process's pass is (``at.first``: the batches it made), for :meth:`state_dict`."""
+        self._progress = at
+
+    def count(self, worker: int, what: int, n: int = 1) -> None:
+        """Add ``n`` to shared counter ``what`` (:data:`.state.cursor.CORRUPT`...) of process ``worker``."""
+        self._control.count(worker, what, n)
+
+    @property
+    def order(self) -> Order:
+        """What fixes a worker's sample order but its plan and place (:func:`.epoch.order.worker_order`)."""
+        return self._layout.order
+
+    def plan(self, at: PassPosition) -> partition.WorkerPlan:
+        """What the worker of ``at`` reads in its pass: segments of shards and the size of each batch."""
         where: dict[str, Any] = dict(
-            rank=self.rank, world_size=self.world_size, worker=worker, num_workers=num_workers
+            rank=self.rank, world_size=self.world_size, worker=at.worker, num_workers=at.num_workers
         )
         if self.mode == "train":
-            return elastic.plan(self._layout, epoch=epoch, stages=stages, **where)
+            return elastic.plan(self._layout, epoch=at.epoch, stages=at.legs, **where)
         return partition.worker_plan(
-            self._shard_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle, **where, **self._kw()
+            self._shard_samples, seed=self.seed, epoch=at.epoch, shuffle=self.shuffle, **where, **self._kw()
         )
 
     def __repr__(self) -> str:

@@ -1,29 +1,68 @@
-"""Decode image bytes into an RGB ``uint8`` tensor ``[3, H, W]``.
+"""Decode image bytes into an RGB ``uint8`` tensor ``[3, H, W]``: one function, :func:`decode`.
 
-JPEG, nearly all of an ImageNet-like dataset, goes through libjpeg-turbo in
-``torchvision.io.decode_jpeg`` straight into a tensor (grayscale and CMYK come out RGB). Other formats
-go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK). The result of
-``decode_jpeg`` has channels-last strides (``[3, H, W]`` over ``H x W x 3`` memory): the tensor
+JPEG, nearly all of an ImageNet-like dataset, goes through libjpeg-turbo straight into a tensor
+(grayscale and CMYK come out RGB): ``torchcodec.decoders.decode_jpeg``, the supported decoder
+(torchvision 0.29 deprecates its own image decoders in its favour and warns on every call). Where
+torchcodec is not installed, torchvision's ``decode_jpeg`` serves while torchvision still has it
+(its deprecation warning silenced: one per image would bury the user's own); without either, Pillow
+decodes JPEG too. Other formats go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK).
+The JPEG decoders return channels-last strides (``[3, H, W]`` over ``H x W x 3`` memory): the tensor
 resizes of the presets read that layout fastest, so it is kept, not copied to planar.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from imgshards.converter.headers import JpegHeader, jpeg_header  # one JPEG header walker, the converter's
 
 from .errors import CorruptImageError
 
-__all__ = ["JpegHeader", "decode", "jpeg_header"]
+__all__ = ["JPEG_DECODER", "JpegHeader", "decode", "jpeg_header"]
 
-# Exceptions Pillow and torchvision raise for bytes that are not a readable image.
+# Exceptions Pillow and the JPEG decoders raise for bytes that are not a readable image.
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
+
+
+def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray], torch.Tensor] | None]:
+    """The JPEG decoder of this install: torchcodec's, else torchvision's while it has one, else none."""
+    try:
+        from torchcodec.decoders import decode_jpeg as codec_decode_jpeg
+    except ImportError:  # also a torchcodec whose native libraries do not load here
+        pass
+    else:
+
+        def by_torchcodec(data: bytes | bytearray) -> torch.Tensor:
+            # bytes as they are: torchcodec reads them through a read-only tensor, no copy.
+            source = torch.frombuffer(data, dtype=torch.uint8) if isinstance(data, bytearray) else data
+            out = codec_decode_jpeg(source, mode="RGB")
+            assert isinstance(out, torch.Tensor)  # one source in, one image out
+            return out
+
+        return "torchcodec", by_torchcodec
+    try:
+        from torchvision.io import ImageReadMode
+        from torchvision.io import decode_jpeg as vision_decode_jpeg
+    except ImportError:  # a torchvision that no longer decodes images
+        return "pillow", None
+
+    def by_torchvision(data: bytes | bytearray) -> torch.Tensor:
+        buffer = data if isinstance(data, bytearray) else bytearray(data)  # it wants a writable buffer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return vision_decode_jpeg(torch.frombuffer(buffer, dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+    return "torchvision", by_torchvision
+
+
+JPEG_DECODER, _decode_jpeg = _jpeg_decoder()
+"""Which library decodes JPEG here: ``"torchcodec"``, ``"torchvision"`` (fallback) or ``"pillow"``."""
 
 
 def decode(data: bytes | bytearray, ext: str, *, key: str = "?", shard: str = "?") -> torch.Tensor:
@@ -33,13 +72,11 @@ def decode(data: bytes | bytearray, ext: str, *, key: str = "?", shard: str = "?
         CorruptImageError: the bytes do not decode; ``key`` and ``shard`` name the sample in it.
 
     """
-    if ext == "jpg":
+    if ext == "jpg" and _decode_jpeg is not None:
         try:
-            # decode_jpeg wants a writable buffer: the reader's bytearray, or a copy of bytes.
-            buffer = data if isinstance(data, bytearray) else bytearray(data)
-            return decode_jpeg(torch.frombuffer(buffer, dtype=torch.uint8), mode=ImageReadMode.RGB)
+            return _decode_jpeg(data)
         except (RuntimeError, ValueError):
-            pass  # refused by torchvision (rare: truncated, empty, exotic); Pillow has the last word
+            pass  # refused by libjpeg (rare: truncated, empty, exotic); Pillow has the last word
     try:
         with Image.open(io.BytesIO(data)) as im:
             rgb = im.convert("RGB") if im.mode != "RGB" else im

@@ -48,15 +48,16 @@ import torch
 from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
 from .backends import Backend, decode_sample, default_backend
 from .batch import Batch, to_device
-from .control import CORRUPT
 from .decoderstats import AUGMENT, DECODE, NORMALIZE, DecoderStats, Marks
 from .devicememory import Memory, bound, rounded
+from .epoch.seeds import augment_seed
 from .errors import ConfigError, CorruptImageError
 from .offload import DecodeOn, RawBatch
-from .pipeline import augment_seed, seeded
+from .pipeline.read import seeded
 from .presets import PRESETS, Transform, View
 from .probe import Probe, chunks, probe
 from .producer import Producer
+from .state.cursor import CORRUPT
 from .streams import Ordering, ordering_for, resolve
 
 if TYPE_CHECKING:

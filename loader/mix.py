@@ -30,20 +30,20 @@ from torch.utils.data import IterableDataset
 
 from imgshards.converter.manifest import read_manifest
 
-from . import passes
 from .batch import Batch, BufferPool
-from .control import SharedControl
 from .dataset import ShardDataset
+from .epoch.seeds import mix_rng
 from .errors import ConfigError
 from .offload import RawBatch
-from .profiling.stagetimes import NO_CLOCK
+from .pipeline import passes
+from .pipeline.stagetimes import NoClock, StageClock
 from .remote import ShardSource
 from .stages import LABEL
+from .state.checkpoint import Leg, PassPosition
 
 __all__ = ["MixedDataset", "split_batch"]
 
 Source = str | os.PathLike[str] | ShardSource
-_TAG_MIX = 5
 
 
 def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
@@ -113,12 +113,20 @@ class MixedDataset(ShardDataset):
             for i, (s, b) in enumerate(zip(sources, self.shares, strict=True))
         ]
         first = self.parts[0]
-        # The mix's settings are its parts' (the same for every part, but the batch size and seed).
-        self.__dict__.update({k: v for k, v in vars(first).items() if k not in ("_control", "parts")})
-        self.batch_size, self.seed = batch_size, seed
-        self._control = SharedControl()
+        # The settings of the mix's own pass (zip, decode, augment, collate), the same in every part.
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.mode, self.drop_last, self.rank, self.world_size = "train", False, first.rank, first.world_size
+        self.shuffle, self.shuffle_buffer, self.shuffle_initial = (
+            first.shuffle,
+            first.shuffle_buffer,
+            first.shuffle_initial,
+        )
+        self.transform, self.on_error, self.decode_on = first.transform, first.on_error, first.decode_on
+        self.raw_stages, self.image_stages = (), first.image_stages  # the raw stages run in each part
+        self.source = first.source
+        self._start_state()
         for part in self.parts:
-            part._control = self._control  # one epoch, one position, one set of counters
+            part.share_state(self)  # one epoch, one position, one set of counters
         same = all(p.manifest.classes == first.manifest.classes for p in self.parts)
         self._offsets = [0] * len(self.parts)
         if not same:
@@ -147,10 +155,11 @@ class MixedDataset(ShardDataset):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch: the shortest source's."""
-        return sum(k for _, _, k in self._control.stages) + self._stage_batches()
+        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
 
-    def _stage_batches(self) -> int:
-        return min(p._stage_batches() for p in self.parts)
+    def leg_batches(self) -> int:
+        """Batches this rank yields in the current leg of the epoch: the shortest source's."""
+        return min(p.leg_batches() for p in self.parts)
 
     def _mix_settings(self) -> dict[str, Any]:
         return {"weights": list(self.weights), "shares": list(self.shares)}
@@ -158,32 +167,30 @@ class MixedDataset(ShardDataset):
     def _batches(
         self,
         epoch: int,
-        stages: tuple[tuple[int, int, int], ...],
+        legs: tuple[Leg, ...],
         first: int,
         worker: int,
         num_workers: int,
         *,
         pool: BufferPool | None,
     ) -> Iterator[Batch | RawBatch]:
-        clock = NO_CLOCK if self.stage_times is None else self.stage_times.clock()
-        streams = [
-            passes.raw_batches(p, epoch, stages, first, worker, num_workers, clock=clock) for p in self.parts
-        ]
+        at = PassPosition(epoch, legs, first, worker, num_workers)
+        return passes.worker_pass(self, at, pool=pool, raw=lambda clock: self._zipped(at, clock))
 
-        def zipped() -> Iterator[tuple[int, list[Any]]]:
-            for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
-                k = batches[0][0]
-                samples = [
-                    {**s, LABEL: s[LABEL] + offset} if offset else s
-                    for (_, part), offset in zip(batches, self._offsets, strict=True)
-                    for s in part
-                ]
-                rng = np.random.default_rng([self.seed, epoch, _TAG_MIX, self.rank, worker, k])
-                yield k, [samples[i] for i in rng.permutation(len(samples))]
-            for stream in streams:
-                stream.close()  # type: ignore[attr-defined]
-
-        yield from passes.finish(self, zipped(), epoch, stages, worker, num_workers, pool=pool, clock=clock)
+    def _zipped(self, at: PassPosition, clock: StageClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
+        """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
+        streams = [passes.raw_batches(p, at, clock=clock) for p in self.parts]
+        for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
+            k = batches[0][0]
+            samples = [
+                {**s, LABEL: s[LABEL] + offset} if offset else s
+                for (_, part), offset in zip(batches, self._offsets, strict=True)
+                for s in part
+            ]
+            rng = mix_rng(self.seed, at.epoch, self.rank, at.worker, k)
+            yield k, [samples[i] for i in rng.permutation(len(samples))]
+        for stream in streams:
+            stream.close()  # type: ignore[attr-defined]
         for part in self.parts:
             part.source.settle()
 

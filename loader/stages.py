@@ -40,9 +40,9 @@ from .batch import Batch, BufferPool, collate
 from .decode import decode as decode_image
 from .errors import ConfigError, CorruptImageError
 from .offload import RawBatch, raw_batch
-from .pipeline import batched, seeded
+from .pipeline.read import batched, seeded
+from .pipeline.stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, NoClock, StageClock
 from .presets import Transform
-from .profiling.stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, NoClock, StageClock
 from .reader import RawSample, image_member, sample_shard
 
 if TYPE_CHECKING:
@@ -109,9 +109,9 @@ class _Samples(IterableDataset[RawSample]):
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[RawSample]:
-        from .passes import raw_samples  # the pass module builds on these stages
+        from .pipeline.passes import raw_samples  # the pass module builds on these stages
 
-        return raw_samples(self.dataset)
+        return raw_samples(self.dataset, self.dataset.begin_pass())
 
 
 def samples(dataset: ShardDataset) -> IterableDataset[RawSample]:

@@ -1,23 +1,25 @@
 """Measuring a loader the way a training loop sees it: the library side of ``imgshards bench``.
 
-- :mod:`.stagetimes`: the clock each worker times its stages with (read, decode, augment, collate),
-  published in shared memory; the only module of this package the data path imports.
+- ``stagetimes`` (:mod:`imgshards.loader.pipeline.stagetimes`, part of the data path, which
+  imports nothing from this package): the clock each worker times its stages with, published in
+  shared memory; this package reads it.
 - :mod:`.procstats`: peak and proportional memory of processes, page-cache eviction.
 - :mod:`.config`: :class:`~.config.BenchConfig`, what a benchmark measures.
 - :mod:`.runner`: :func:`~.runner.bench`, the runs themselves (imgshards and an ImageFolder baseline).
 - :mod:`.report`: what a run measured, the verdict (loader- or compute-bound) and the sweep plot.
 
-This ``__init__`` imports nothing up front (its two names load on first use), so the data path's
-use of :mod:`.stagetimes` never loads the benchmark runner (which itself imports the data path).
+This ``__init__`` imports nothing up front (its names load on first use): the runner imports the
+data path, and ``import imgshards.loader.profiling`` alone should not.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..pipeline import stagetimes
     from .config import BenchConfig
     from .runner import bench
 
-__all__ = ["BenchConfig", "bench"]
+__all__ = ["BenchConfig", "bench", "stagetimes"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +28,10 @@ def __getattr__(name: str) -> Any:
         from .runner import bench
 
         return bench
+    if name == "stagetimes":
+        from ..pipeline import stagetimes
+
+        return stagetimes
     if name == "BenchConfig":
         from .config import BenchConfig
 

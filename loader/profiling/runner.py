@@ -65,12 +65,13 @@ from ..dataloader import make_loader
 from ..dataset import ShardDataset
 from ..decode import decode
 from ..errors import ConfigError
+from ..pipeline import stagetimes
+from ..pipeline.stagetimes import AUGMENT, COLLATE, DECODE, READ, STAGES, StageClock, StageTimes
 from ..presets import Transform, preset
-from . import procstats, stagetimes
+from . import procstats
 from .config import BenchConfig
 from .devicerun import DeviceRun
 from .report import BenchPoint, BenchReport, Pipeline, RunResult, Verdict
-from .stagetimes import AUGMENT, COLLATE, DECODE, READ, STAGES, StageClock, StageTimes
 
 __all__ = ["BenchConfig", "bench"]
 

@@ -18,7 +18,8 @@ import torch
 import webdataset as wds
 
 from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
-from imgshards.loader import Batch, decode
+from imgshards.loader import Batch
+from imgshards.loader.decode import decode
 
 # 5 classes x 23 = 115 samples: 115 mod 2 = 115 mod 3 = 1, so train mode drops one sample at world
 # size 2 and 3, and batch size 8 leaves partial batches and workers with unequal batch counts.

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from imgshards.loader import CorruptImageError, decode
+from imgshards.loader import CorruptImageError
+from imgshards.loader.decode import decode
 
 
 def encode(image: Image.Image, fmt: str) -> bytes:
@@ -74,3 +75,16 @@ def test_corrupt_bytes_raise_naming_the_sample(rgb, ext):
     assert info.value.key == "k1" and info.value.shard == "s.tar"
     with pytest.raises(CorruptImageError):
         decode(b"", ext)
+
+
+def test_jpeg_decodes_without_a_warning_per_image(rgb):
+    # torchvision 0.29 warns (DeprecationWarning) on every decode_jpeg call; the loader decodes
+    # through torchcodec, or silences the warning where torchvision is the fallback.
+    import warnings
+
+    data = encode(rgb, "JPEG")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert decode(data, "jpg").shape == (3, 30, 40)
+            assert decode(bytearray(data), "jpg").shape == (3, 30, 40)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from imgshards.converter import IndexConfig, index
-from imgshards.loader import ShardDataset, decode, make_loader
+from imgshards.loader import ShardDataset, make_loader
+from imgshards.loader.decode import decode
 
 IDENTITY = torch.nn.Identity()
 

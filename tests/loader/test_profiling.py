@@ -11,9 +11,9 @@ import torch
 
 from imgshards.converter import PackConfig, pack
 from imgshards.loader import ConfigError, ShardDataset, make_loader
+from imgshards.loader.pipeline.stagetimes import DECODE, NO_CLOCK, READ, StageTimes
 from imgshards.loader.profiling import BenchConfig, bench, procstats, stagetimes
 from imgshards.loader.profiling.report import LOADER_BOUND_WAIT, BenchPoint, RunResult, Verdict
-from imgshards.loader.profiling.stagetimes import DECODE, NO_CLOCK, READ, StageTimes
 
 
 def test_clock_adds_up_stage_seconds_and_publishes_per_batch():

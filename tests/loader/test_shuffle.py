@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imgshards.loader.shuffle import buffer_shuffle, interleave, worker_rng
+from imgshards.loader.epoch.order import buffer_shuffle, interleave, worker_rng
 
 
 @settings(max_examples=200, deadline=None)

@@ -19,10 +19,10 @@ from imgshards.loader import (
     ShardDataset,
     ShardReadError,
     ShardSource,
-    decode,
     make_loader,
     preset,
 )
+from imgshards.loader.decode import decode
 
 SIZE = 32  # eval preset at 32 px: deterministic, so a batch image maps back to its sample key
 CHUNK = 8192  # several requests per ~30 kB shard

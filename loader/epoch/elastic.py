@@ -1,12 +1,13 @@
 """Epoch plans across resumes onto another world size or worker count (elastic resume).
 
-An epoch may run in *stages*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
+An epoch may run in *legs*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
 after every rank delivered ``k1`` batches, the next at ``W2`` / ``N2`` over what is left, and so on.
-A stage is the triple ``(world_size, num_workers, batches delivered per rank)``; the finished stages
-of an epoch and the seed fix everything else:
+A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`..state.checkpoint.Leg`;
+"stages" in a saved state, and in the arguments below); the finished legs of an epoch and the seed
+fix everything else:
 
 - The samples a stage delivered are a pure function of its plan and the count: each worker's sample
-  order is the interleave-and-shuffle of :mod:`.pipeline` run on sample *positions* instead of
+  order is the interleave-and-shuffle of :mod:`.order` run on sample *positions* instead of
   samples, so it is recomputed here from indices, without reading a shard (:func:`remaining`).
 - The next stage deals the samples not yet delivered, in the epoch's shard order, to its ranks and
   workers in blocks, as :func:`.partition.worker_plan` deals a fresh epoch: every rank gets the
@@ -21,20 +22,28 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
 
 from . import partition
+from .order import Order, worker_order
 from .partition import Segment, WorkerPlan
-from .pipeline import sample_stream
-from .shuffle import worker_rng
 
-__all__ = ["Layout", "Stage", "plan", "rank_batches", "remaining", "stage_counts"]
+__all__ = [
+    "Layout",
+    "Leg",
+    "plan",
+    "rank_batches",
+    "remaining",
+    "shard_bases",
+    "stage_counts",
+    "stream_positions",
+]
 
-from .state import Stage
+from ..state.checkpoint import Leg
 
 
 @dataclass(frozen=True)
@@ -49,12 +58,17 @@ class Layout:
     shuffle_buffer: int
     shuffle_initial: int
 
+    @property
+    def order(self) -> Order:
+        """What fixes a worker's sample order (:func:`.order.worker_order`)."""
+        return Order(self.seed, self.shuffle, self.shuffle_buffer, self.shuffle_initial)
+
 
 def plan(
     layout: Layout,
     *,
     epoch: int,
-    stages: Sequence[Stage],
+    stages: Sequence[Leg],
     rank: int,
     world_size: int,
     worker: int,
@@ -95,7 +109,7 @@ def stage_counts(left: int, world_size: int, batch_size: int) -> tuple[list[int]
     return samples, math.ceil(max(samples, default=0) / batch_size)
 
 
-def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Stage], world_size: int) -> int:
+def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Leg], world_size: int) -> int:
     """Batches each rank yields in the stage after ``stages`` (the whole epoch without stages)."""
     if not stages:
         total = sum(layout.shard_samples)
@@ -105,7 +119,7 @@ def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Stage], world_s
 
 
 @functools.lru_cache(maxsize=4)
-def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarray:
+def remaining(layout: Layout, epoch: int, stages: tuple[Leg, ...]) -> np.ndarray:
     """Sorted virtual positions (shards in the epoch's order) of the samples the stages did not deliver."""
     total = sum(layout.shard_samples)
     world_size = stages[0][0]
@@ -114,7 +128,7 @@ def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarr
         for r in range(world_size)
     ]
     keep = np.zeros(total, dtype=bool)
-    base = _shard_bases(layout, epoch)
+    base = shard_bases(layout, epoch)
     for p in first:
         for seg in p.segments:
             keep[base[seg.shard] + seg.start : base[seg.shard] + seg.stop] = True
@@ -125,7 +139,7 @@ def remaining(layout: Layout, epoch: int, stages: tuple[Stage, ...]) -> np.ndarr
                 p = _stage_plan(
                     layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, stage=i
                 )
-                done = _stream_positions(layout, epoch, p, base, rank=r, worker=worker, stage=i)
+                done = stream_positions(layout, epoch, p, base, rank=r, worker=worker, leg=i)
                 keep[list(islice(done, sum(p.sizes[:count])))] = False
         left = np.flatnonzero(keep)
     return left
@@ -165,7 +179,7 @@ def _stage_plan(
     return WorkerPlan(segments=tuple(runs), sizes=tuple(sizes[rank][worker::num_workers]))
 
 
-def _shard_bases(layout: Layout, epoch: int) -> np.ndarray:
+def shard_bases(layout: Layout, epoch: int) -> np.ndarray:
     """Virtual position of each shard's first sample in the epoch's order, by shard number."""
     order = partition.shard_order(
         len(layout.shard_samples), seed=layout.seed, epoch=epoch, shuffle=layout.shuffle
@@ -176,12 +190,16 @@ def _shard_bases(layout: Layout, epoch: int) -> np.ndarray:
     return base
 
 
-def _stream_positions(layout, epoch, p: WorkerPlan, base: np.ndarray, *, rank: int, worker: int, stage: int):
-    """The worker's sample order as positions: what its pass yields, replayed on indices."""
+def stream_positions(
+    layout: Layout, epoch: int, p: WorkerPlan, base: np.ndarray, *, rank: int, worker: int, leg: int
+) -> Iterator[int]:
+    """The worker's sample order as virtual positions: what its pass yields, replayed on indices.
+
+    The same :func:`.order.worker_order` the read calls, on runs of positions instead of samples.
+    """
     runs = [
-        iter([int(base[seg.shard]) + i for i in range(seg.start, seg.stop) if i not in seg.skip])
+        [int(base[seg.shard]) + i for i in range(seg.start, seg.stop) if i not in seg.skip]
         for seg in p.segments
     ]
-    rng = worker_rng(layout.seed, epoch, rank, worker, stage) if layout.shuffle else None
     sizes = [len(seg) for seg in p.segments]
-    return sample_stream(runs, sizes, rng, buffer=layout.shuffle_buffer, initial=layout.shuffle_initial)
+    return worker_order(runs, sizes, layout.order, epoch=epoch, rank=rank, worker=worker, leg=leg)

@@ -1,26 +1,57 @@
-"""Sample-level shuffling inside one worker: interleave its shard runs, then a shuffle buffer.
+"""A worker's sample order: its shard runs interleaved, then through a shuffle buffer.
 
-Both stages take any iterables (raw, undecoded samples in the loader) and a ``numpy`` Generator;
-the same inputs and RNG state give the same output order, which is what mid-epoch resume replays.
+:func:`worker_order` is the one definition of that order. The pass calls it on runs of raw samples
+(:mod:`..pipeline.passes`), the elastic replay on runs of sample positions (:mod:`.elastic`), so what a resume
+recomputes is what the read did. Both stages take any iterables and a ``numpy`` Generator; the same
+inputs and RNG state give the same output order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["buffer_shuffle", "interleave", "worker_rng"]
+from .seeds import worker_rng
+
+__all__ = ["Order", "buffer_shuffle", "interleave", "worker_order", "worker_rng"]
 
 T = TypeVar("T")
 
-_TAG_WORKER = 2
+
+@dataclass(frozen=True)
+class Order:
+    """The settings that fix a worker's sample order, besides its plan and place."""
+
+    seed: int
+    shuffle: bool
+    buffer: int
+    initial: int
 
 
-def worker_rng(seed: int, epoch: int, rank: int, worker: int, stage: int = 0) -> np.random.Generator:
-    """Return the RNG of one worker's sample order in one epoch (``stage``: after so many elastic resumes)."""
-    return np.random.default_rng([seed, epoch, _TAG_WORKER, rank, worker] + ([stage] if stage else []))
+def worker_order(
+    runs: Sequence[Iterable[T]],
+    sizes: Sequence[int],
+    order: Order,
+    *,
+    epoch: int,
+    rank: int,
+    worker: int,
+    leg: int,
+) -> Iterator[T]:
+    """The items of ``runs`` (one a segment of the worker's plan, ``sizes`` long) in the worker's order.
+
+    Without shuffling, the runs one after another; else interleaved at random (odds by what each
+    has left) and shuffled through a buffer, from the worker's RNG of ``(seed, epoch, rank, worker,
+    leg)``. The items may be samples (the read) or positions (the elastic replay): the order is the
+    same, item for item.
+    """
+    if not order.shuffle:
+        return (item for run in runs for item in run)
+    rng = worker_rng(order.seed, epoch, rank, worker, leg)
+    return buffer_shuffle(interleave(runs, sizes, rng), rng, size=order.buffer, initial=order.initial)
 
 
 def interleave(

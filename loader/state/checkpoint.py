@@ -4,25 +4,55 @@
 :class:`~imgshards.loader.ShardDataset`, through torchdata's ``Stateful`` protocol, one worker's
 part of that; both carry the settings below, and a state made with other settings is refused with
 the difference named (world size and worker count may differ for a ``ShardLoader``: see
-:mod:`.elastic`).
+:mod:`..epoch.elastic`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from .control import CORRUPT, FILTERED, LOST, MAX_STAGES, TRUNCATED, UNREADABLE, SharedControl
-from .errors import ConfigError, ResumeError
+from ..errors import ConfigError, ResumeError
+from .cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
 
-__all__ = ["STATE_VERSION", "EpochState", "Stage", "check_settings", "settings"]
+__all__ = ["STATE_VERSION", "EpochState", "Leg", "PassPosition", "check_settings", "settings"]
 
-Stage = tuple[int, int, int]  # (world_size, num_workers, batches each rank delivered): see .elastic
+Leg = tuple[int, int, int]  # (world_size, num_workers, batches each rank delivered): see .elastic
 
 STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class PassPosition:
+    """Where one process's pass stands: what it reads and from which of its batches on.
+
+    Attributes:
+        epoch: The epoch read.
+        legs: The epoch's finished legs (elastic resume: ``(world_size, num_workers, batches)``).
+        first: The first batch of this worker's plan that the pass makes (later: batches made).
+        worker: The worker this process plays (after a resume, the one whose turn comes next).
+        num_workers: The DataLoader workers of the leg (1 without workers).
+
+    """
+
+    epoch: int = 0
+    legs: tuple[Leg, ...] = ()
+    first: int = 0
+    worker: int = 0
+    num_workers: int = 1
+
+    @property
+    def leg(self) -> int:
+        """The number of the leg read: how many finished before it."""
+        return len(self.legs)
+
+    def at(self, batch: int) -> PassPosition:
+        """The same pass, after the worker made its batches before ``batch``."""
+        return PassPosition(self.epoch, self.legs, batch, self.worker, self.num_workers)
 
 
 def settings(dataset: Any) -> dict[str, Any]:
@@ -63,8 +93,8 @@ class EpochState:
     """
 
     _control: SharedControl
-    _progress: tuple[int, tuple[Stage, ...], int, int, int]
-    _pending: tuple[int, tuple[Stage, ...], int] | None
+    _progress: PassPosition
+    _pending: PassPosition | None
     world_size: int
     batch_size: int
     seed: int
@@ -77,9 +107,14 @@ class EpochState:
     # ---- the epoch, shared with the workers ---------------------------------------------------
 
     @property
+    def cursor(self) -> EpochCursor:
+        """Where the epoch is (the one record, shared with the workers)."""
+        return self._control.cursor
+
+    @property
     def epoch(self) -> int:
         """The epoch the next pass reads (or the one being read)."""
-        return self._control.epoch
+        return self._control.cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass read epoch ``epoch``; the same as :meth:`ShardLoader.set_epoch`.
@@ -89,23 +124,8 @@ class EpochState:
         """
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self._control.epoch:
-            self._set_position(epoch, (), 0)
-
-    def _set_position(
-        self, epoch: int, stages: tuple[Stage, ...], batches: int, *, mid_pass: bool = False
-    ) -> None:
-        """Make the next pass read ``epoch`` after its finished ``stages``, from batch ``batches`` on.
-
-        ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
-        read it as it was (a :class:`~imgshards.loader.ShardLoader` pass starts from the record).
-        """
-        if len(stages) > MAX_STAGES:
-            raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
-        self._control.epoch, self._control.stages = epoch, stages
-        self._control.delivered = batches
-        if not mid_pass:
-            self._control.start_pass(batches)
+        if epoch != self.cursor.epoch:
+            self.cursor.seek(epoch, (), 0)
 
     # ---- torchdata's Stateful protocol (one worker's part of an epoch) ------------------------
 
@@ -116,14 +136,14 @@ class EpochState:
         batch; :meth:`load_state_dict` in a new worker continues from there without decoding what
         it skips. With :func:`~imgshards.loader.make_loader`, save ``loader.state_dict()`` instead.
         """
-        epoch, stages, worker, num_workers, batches = self._progress
+        at = self._progress
         return {
             "version": STATE_VERSION,
-            "epoch": epoch,
-            "stages": [list(s) for s in stages],
-            "worker": worker,
-            "num_workers": num_workers,
-            "batches": batches,
+            "epoch": at.epoch,
+            "stages": [list(s) for s in at.legs],  # the key of version 1 and 2 states
+            "worker": at.worker,
+            "num_workers": at.num_workers,
+            "batches": at.first,
             "world_size": self.world_size,
             **settings(self),
         }
@@ -144,9 +164,8 @@ class EpochState:
         if state["num_workers"] != num_workers:
             raise ResumeError(f"num_workers: saved {state['num_workers']!r}, now {num_workers}")
         stages = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
-        self._pending = (int(state["epoch"]), stages, int(state["batches"]))
-        self._control.epoch, self._control.stages = self._pending[0], stages
-        self._control.start_pass(self._control.pass_state()[2])
+        self._pending = PassPosition(int(state["epoch"]), stages, int(state["batches"]))
+        self.cursor.restore(self._pending.epoch, stages)
 
     # ---- counters -------------------------------------------------------------------------------
 

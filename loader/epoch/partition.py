@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from .seeds import DROPPED, SHARD_ORDER, epoch_rng
+
 __all__ = [
     "BLOCKS_PER_WORKER",
     "Segment",
@@ -56,10 +58,6 @@ __all__ = [
     "worker_plan",
     "worker_sample_counts",
 ]
-
-# Tags that keep the random streams drawn from one (seed, epoch) independent of each other.
-_TAG_SHARD_ORDER = 0
-_TAG_DROPPED = 1
 
 # Blocks of the epoch each worker gets in train mode: as many as a worker interleaves at once
 # (shuffle.interleave's max_open), so it mixes samples from all of them from its first batch.
@@ -97,16 +95,11 @@ class WorkerPlan:
         return len(self.sizes)
 
 
-def epoch_rng(seed: int, epoch: int, tag: int) -> np.random.Generator:
-    """Return an RNG of the epoch's layout, identical on every rank and worker; ``tag`` names its use."""
-    return np.random.default_rng([seed, epoch, tag])
-
-
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     """Return the epoch's order of shard numbers: a permutation from ``(seed, epoch)``, or index order."""
     if not shuffle:
         return np.arange(num_shards)
-    return epoch_rng(seed, epoch, _TAG_SHARD_ORDER).permutation(num_shards)
+    return epoch_rng(seed, epoch, SHARD_ORDER).permutation(num_shards)
 
 
 def kept_per_rank(total: int, *, world_size: int, batch_size: int, train: bool, drop_last: bool) -> int:
@@ -288,9 +281,7 @@ def worker_plan(
     kw: dict[str, Any] = dict(world_size=world_size, batch_size=batch_size, train=train, drop_last=drop_last)
     gap = dropped_samples(total, **kw)
     # Where the dropped run starts is drawn per epoch; unshuffled, it is the end of the split.
-    gap_at = (
-        int(epoch_rng(seed, epoch, _TAG_DROPPED).integers(0, total - gap + 1)) if shuffle else total - gap
-    )
+    gap_at = int(epoch_rng(seed, epoch, DROPPED).integers(0, total - gap + 1)) if shuffle else total - gap
     batches = rank_batches(total, **kw)
     sizes = [rank_batch_sizes(hi - lo, b, batch_size) for (lo, hi), b in _rank_ranges(total, batches, kw)]
     mine = tuple(sizes[rank][worker::num_workers])

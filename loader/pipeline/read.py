@@ -1,8 +1,8 @@
 """The raw-sample stages of one worker's pass, each a generator or a plain function.
 
-:mod:`.passes` wires them, then the decode and batch stages of :mod:`.stages`::
+:mod:`.passes` wires them, then the decode and batch stages of :mod:`imgshards.loader.stages`::
 
-    elastic.plan (partition.worker_plan) -> read_runs -> sample_stream (interleave -> buffer_shuffle)
+    elastic.plan (partition.worker_plan) -> read_runs -> shuffle.worker_order (interleave -> buffer_shuffle)
         -> batched (skip delivered, make up lost samples) -> stages (decode -> transform -> collate)
 
 Everything here handles raw bytes, so shuffling and resume skipping never decode. The per-batch
@@ -12,35 +12,41 @@ augmentation seed (:func:`augment_seed`, :func:`seeded`) is shared by the worker
 from __future__ import annotations
 
 import contextlib
-import functools
+import io
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import torch
 
-from imgshards.converter.manifest import SplitInfo
+from imgshards.converter.manifest import ShardInfo, SplitInfo
 
-from .errors import CorruptImageError, ShardReadError
-from .partition import Segment
-from .reader import RawSample, read_run
-from .remote import ShardSource
-from .shuffle import buffer_shuffle, interleave
+from ..epoch.partition import Segment
+from ..epoch.seeds import augment_seed
+from ..errors import CorruptImageError, ShardReadError
+from ..reader import RawSample, read_run
+from ..remote import ShardSource
 
 __all__ = [
     "augment_seed",
     "batched",
     "read_elsewhere",
     "read_runs",
-    "sample_stream",
     "seeded",
 ]
 
-_TAG_AUGMENT = 3
 T = TypeVar("T")
+
+# Read buffer of a shard file in a pass. A pass reads a run of samples, often from the middle of a
+# shard (the partition deals blocks of shards to every worker), stepping over the headers of the
+# samples before it: with a 1 MiB buffer each step refills the buffer, copying the skipped images
+# from the page cache (about 300 KB an image delivered, in a 2-worker pass's first batches). With 8 KiB
+# a step reads little more than the next header, and an image member, larger than the buffer, is
+# read straight into its bytes: 20-70 us an image less CPU here (docs/i22-pass.md).
+_SHARD_BUFFER = 8192
 
 
 def read_runs(
@@ -75,7 +81,7 @@ def read_runs(
             seg.start,
             seg.stop,
             on_truncated=on_truncated,
-            opener=functools.partial(source.open, shard),
+            opener=_opener(source, shard),
             num_classes=len(classes) if classes is not None else None,
             on_corrupt=on_corrupt,
             labels=split.labels,
@@ -88,6 +94,16 @@ def read_runs(
             run = _unless_unreadable(run, on_unreadable)
         runs.append(_counted(run, len(seg), on_lost))
     return runs
+
+
+def _opener(source: ShardSource, shard: ShardInfo) -> Callable[[], BinaryIO]:
+    def open_shard() -> BinaryIO:
+        f = source.open(shard)
+        if isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO):  # a file: a small buffer
+            return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
+        return f
+
+    return open_shard
 
 
 def read_elsewhere(
@@ -161,20 +177,6 @@ def _counted(run: Iterator[RawSample], expected: int, on_lost: Callable[[int], N
         on_lost(expected - got)
 
 
-def sample_stream(
-    runs: Sequence[Iterator[T]],
-    sizes: Sequence[int],
-    rng: np.random.Generator | None,
-    *,
-    buffer: int,
-    initial: int,
-) -> Iterator[T]:
-    """The worker's samples in order: runs one after another (``rng=None``), or interleaved and shuffled."""
-    if rng is None:
-        return (sample for run in runs for sample in run)
-    return buffer_shuffle(interleave(runs, sizes, rng), rng, size=buffer, initial=initial)
-
-
 def batched(
     raw: Iterator[RawSample],
     *,
@@ -218,11 +220,6 @@ def _make_up(recent: deque[RawSample], missing: int) -> list[RawSample]:
     pool = list(recent)
     assert pool, "make_up() found no sample"
     return [pool[i % len(pool)] for i in range(missing)]
-
-
-def augment_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:
-    """Seed of torch's generator while batch ``batch`` of a worker is transformed."""
-    return int(np.random.SeedSequence([seed, epoch, _TAG_AUGMENT, rank, worker, batch]).generate_state(1)[0])
 
 
 @contextlib.contextmanager

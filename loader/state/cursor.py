@@ -1,0 +1,169 @@
+"""State a :class:`~imgshards.loader.ShardDataset` shares with its DataLoader workers, in shared memory.
+
+A DataLoader worker holds a copy of the dataset made once, when it starts (persistent workers keep
+it across epochs), so anything the main process decides later, the epoch, the position in it and
+the finished stages of an elastic resume, and anything a worker reports back, its skip counters and
+its free batch buffers, lives in one shared ``int64`` tensor laid out as::
+
+    [epoch, start, delivered, stage count, stages (3 each), the pass's epoch, stage count and stages,
+     counters (5 per worker slot), flags (8 a slot)]
+
+The first slots are the one record of the epoch, owned by :class:`EpochCursor` (no other code
+writes them): :class:`~imgshards.loader.ShardLoader` moves the dataset's cursor, never a copy of
+its own. The workers of a pass read the pass's own copy (:meth:`EpochCursor.begin_pass`,
+:meth:`EpochCursor.pass_state`): a worker may start after the main process received the pass's
+last batch from the others and moved the record to the next epoch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..batch import BufferPool
+from ..errors import ResumeError
+
+__all__ = [
+    "CORRUPT",
+    "FILTERED",
+    "LOST",
+    "MAX_STAGES",
+    "TRUNCATED",
+    "UNREADABLE",
+    "EpochCursor",
+    "SharedControl",
+]
+
+# What a worker counts: an image that did not decode, a shard that ended early, a shard not readable,
+# the samples its plan held that no shard gave it (truncated or unreadable), and those a user stage dropped.
+CORRUPT, TRUNCATED, UNREADABLE, LOST, FILTERED = 0, 1, 2, 3, 4
+
+MAX_STAGES = 16  # topology changes (elastic resumes) within one epoch
+_EPOCH, _RESUME, _DELIVERED, _NSTAGES, _STAGES = 0, 1, 2, 3, 4
+_PASS = _STAGES + 3 * MAX_STAGES  # the running pass's [epoch, stage count, stages]
+_COUNTERS = _PASS + 2 + 3 * MAX_STAGES
+_MAX_WORKER_SLOTS = 256
+_PER_WORKER = 5
+_POOL_BUFFERS = 8
+_POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
+_SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
+
+
+class EpochCursor:
+    """Where the epoch is: the one record that the loader, the dataset and every worker read.
+
+    Named fields over the shared tensor's first slots, written only through these methods:
+
+    - :meth:`seek`: read ``epoch`` after its finished ``legs``, from batch ``delivered`` on (a resume,
+      ``set_epoch``);
+    - :meth:`begin_pass`: fix what the pass starting now reads (its workers read :meth:`pass_state`);
+    - :meth:`deliver`: the main process handed over one more batch;
+    - :meth:`finish_epoch`: the epoch's last batch is out, the record moves to the next epoch while
+      late workers still read the running pass's; :meth:`end_pass`: every worker has ended it.
+    """
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._t = t
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass reads (or the one being read)."""
+        return int(self._t[_EPOCH])
+
+    @property
+    def legs(self) -> tuple[tuple[int, int, int], ...]:
+        """The epoch's finished legs ``(world_size, num_workers, batches)`` (see :mod:`..epoch.elastic`)."""
+        return self._read_legs(_NSTAGES)
+
+    @property
+    def delivered(self) -> int:
+        """Batches of this rank's current leg delivered so far: where the next pass starts."""
+        return int(self._t[_DELIVERED])
+
+    def seek(
+        self, epoch: int, legs: tuple[tuple[int, int, int], ...], delivered: int, *, mid_pass: bool = False
+    ) -> None:
+        """Make the next pass read ``epoch`` after its finished ``legs``, from batch ``delivered`` on.
+
+        ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
+        read it as it was (the pass's own record, :meth:`pass_state`).
+        """
+        if len(legs) > MAX_STAGES:
+            raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
+        self._t[_EPOCH] = epoch
+        self._t[_NSTAGES] = len(legs)
+        if legs:
+            self._t[_STAGES : _STAGES + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
+        self._t[_DELIVERED] = delivered
+        if not mid_pass:
+            self.begin_pass()
+
+    def restore(self, epoch: int, legs: tuple[tuple[int, int, int], ...]) -> None:
+        """Read ``epoch`` after ``legs`` (a worker's torchdata restore: its own place is its own)."""
+        resume = int(self._t[_RESUME])
+        self.seek(epoch, legs, self.delivered, mid_pass=True)
+        self._fix_pass(resume)
+
+    def begin_pass(self, *, restart: bool = False) -> int:
+        """Fix what the pass starting now reads, from the batches delivered (0 with ``restart``).
+
+        Workers read it (:meth:`pass_state`) when their pass starts, which may be after the main
+        process received the pass's first, or even last, batches from other workers; so it changes
+        only between passes, while the record (:attr:`epoch`, :attr:`delivered`) moves on.
+        Returns the batches delivered, where the pass starts.
+        """
+        if restart:
+            self._t[_DELIVERED] = 0
+        self._fix_pass(self.delivered)
+        return self.delivered
+
+    def deliver(self) -> int:
+        """Count one more batch handed over (an interrupted pass resumes after it); return the count."""
+        self._t[_DELIVERED] += 1
+        return self.delivered
+
+    def finish_epoch(self) -> None:
+        """The epoch's last batch is handed over: the record moves to the next epoch, the pass's does not."""
+        self.seek(self.epoch + 1, (), 0, mid_pass=True)
+
+    def end_pass(self) -> None:
+        """Every worker has ended the pass: the next pass reads the record from its start."""
+        self._fix_pass(0)
+
+    def pass_state(self) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
+        """The running pass's epoch, finished legs and resume point (batches of its leg it skips)."""
+        return int(self._t[_PASS]), self._read_legs(_PASS + 1), int(self._t[_RESUME])
+
+    def _fix_pass(self, resume: int) -> None:
+        self._t[_PASS] = self._t[_EPOCH]
+        self._t[_PASS + 1 : _COUNTERS] = self._t[_NSTAGES:_PASS]
+        self._t[_RESUME] = resume
+
+    def _read_legs(self, at: int) -> tuple[tuple[int, int, int], ...]:
+        flat = self._t[at + 1 : at + 1 + 3 * int(self._t[at])].tolist()
+        return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+
+
+class SharedControl:
+    """The epoch cursor, the skip counters and the batch-buffer flags of one dataset, in shared memory."""
+
+    def __init__(self) -> None:
+        self._t = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
+        self.cursor = EpochCursor(self._t)
+
+    def count(self, worker: int, what: int, n: int = 1) -> None:
+        """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""
+        self._t[_COUNTERS + _PER_WORKER * (worker % _MAX_WORKER_SLOTS) + what] += n
+
+    def total(self, what: int) -> int:
+        """Counter ``what`` added up over every worker process, over all passes so far."""
+        return int(self._t[_COUNTERS + what : _POOL : _PER_WORKER].sum())
+
+    def pool(self, worker: int) -> BufferPool:
+        """The batch-buffer pool of worker process ``worker`` (make one per process, on first use)."""
+        first = _POOL + _POOL_BUFFERS * (worker % _MAX_WORKER_SLOTS)
+        return BufferPool(self._t[first : first + _POOL_BUFFERS], first_token=first)
+
+    def release(self, token: int) -> None:
+        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
+        assert _POOL <= token < _SIZE, token
+        self._t[token] = 1

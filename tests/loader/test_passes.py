@@ -1,0 +1,82 @@
+"""The pass is built in one function, and the order it reads is the order the elastic replay computes."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import tarfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from imgshards.converter import read_manifest
+from imgshards.loader import ShardDataset, elastic, passes
+from imgshards.loader.state.checkpoint import PassPosition
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_worker_pass_lists_every_stage_of_the_pipeline_in_order():
+    source = inspect.getsource(passes.worker_pass)
+    marked = re.findall(r"# \[(\w+)\] -> ", source)
+    assert marked == [name for name, _ in passes.PIPELINE]
+
+
+def test_the_docs_picture_is_the_generated_one():
+    page = (ROOT / "docs" / "i22-pass.md").read_text()
+    blocks = re.findall(r"```text\n(.*?)```", page, flags=re.S)
+    assert passes.picture() + "\n" in blocks, "regenerate the picture: python -c 'from imgshards.loader "
+    "import passes; print(passes.picture())'"
+
+
+_KEYS: dict[Path, dict[str, tuple[int, int]]] = {}
+
+
+def _where(root: Path) -> dict[str, tuple[int, int]]:
+    """Sample key -> (shard number, index in the shard), read with ``tarfile``."""
+    if root not in _KEYS:
+        where: dict[str, tuple[int, int]] = {}
+        for number, shard in enumerate(read_manifest(root).split("train").shards):
+            with tarfile.open(root / shard.name) as tar:
+                keys = dict.fromkeys(m.name.split(".", 1)[0] for m in tar)
+            where.update({key: (number, i) for i, key in enumerate(keys)})
+        _KEYS[root] = where
+    return _KEYS[root]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    world=st.integers(1, 3),
+    workers=st.integers(1, 3),
+    epoch=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+    buffer=st.sampled_from([0, 5, 40]),
+    initial=st.sampled_from([1, 10]),
+    resumed=st.booleans(),
+    data=st.data(),
+)
+def test_the_elastic_replay_yields_the_positions_the_read_yields(
+    packed_many, world, workers, epoch, seed, buffer, initial, resumed, data
+):
+    rank = data.draw(st.integers(0, world - 1))
+    worker = data.draw(st.integers(0, workers - 1))
+    ds = ShardDataset(
+        packed_many, batch_size=4, rank=rank, world_size=world, seed=seed, shuffle_buffer=buffer,
+        shuffle_initial=initial, transform=lambda x: x,
+    )  # fmt: skip
+    shard_samples = tuple(s.samples for s in ds.split_info.shards)
+    layout = elastic.Layout(shard_samples, seed, 4, False, True, buffer, initial)
+    legs: tuple[tuple[int, int, int], ...] = ()
+    if resumed:  # a finished leg at another topology, stopped part way
+        w0, n0 = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+        batches = elastic.rank_batches(layout, epoch=epoch, stages=(), world_size=w0)
+        legs = ((w0, n0, data.draw(st.integers(1, max(1, batches - 1)))),)
+    at = PassPosition(epoch, legs, 0, worker, workers)
+    where = _where(packed_many)
+    base = elastic.shard_bases(layout, epoch)
+    read = [int(base[where[s.key][0]]) + where[s.key][1] for s in passes.raw_samples(ds, at)]
+    plan = ds.plan(at)
+    replay = elastic.stream_positions(layout, epoch, plan, base, rank=rank, worker=worker, leg=len(legs))
+    assert read == list(replay)
+    assert len(read) == plan.samples
