@@ -45,7 +45,7 @@ T = TypeVar("T")
 # samples before it: with a 1 MiB buffer each step refills the buffer, copying the skipped images
 # from the page cache (about 300 KB an image delivered, in a 2-worker pass's first batches). With 8 KiB
 # a step reads little more than the next header, and an image member, larger than the buffer, is
-# read straight into its bytes: 20-70 us an image less CPU here (docs/i22-pass.md).
+# read straight into its bytes: 20-70 us an image less CPU here (docs/loader-pass.md).
 _SHARD_BUFFER = 8192
 
 

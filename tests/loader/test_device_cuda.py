@@ -1,6 +1,6 @@
 """``decode_on="cuda"`` on a real GPU: these skip where torch sees none; their first GPU run is the proof.
 
-Written without a GPU at hand (see docs/i23-gpu.md): everything they rely on was exercised on the
+Written without a GPU at hand (see docs/gpu.md): everything they rely on was exercised on the
 CPU (``test_device_defects.py``, ``test_augment.py``), and these hold the real CUDA parts (nvjpeg,
 the streams and events, the caching allocator) to the same promises, on ImageNet-sized images:
 
