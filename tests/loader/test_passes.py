@@ -24,7 +24,7 @@ def test_worker_pass_lists_every_stage_of_the_pipeline_in_order():
 
 
 def test_the_docs_picture_is_the_generated_one():
-    page = (ROOT / "docs" / "i22-pass.md").read_text()
+    page = (ROOT / "docs" / "loader-pass.md").read_text()
     blocks = re.findall(r"```text\n(.*?)```", page, flags=re.S)
     assert passes.picture() + "\n" in blocks, "regenerate the picture: python -c 'from imgshards.loader "
     "import passes; print(passes.picture())'"
