@@ -20,7 +20,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from imgshards.converter.headers import JpegHeader, jpeg_header  # one JPEG header walker, the converter's
+from imgshards.converter.headers import (
+    JpegHeader,
+    jpeg_header,
+    oversized,
+)  # one JPEG header walker, the converter's
 
 from .errors import CorruptImageError
 
@@ -68,10 +72,17 @@ JPEG_DECODER, _decode_jpeg = _jpeg_decoder()
 def decode(data: bytes | bytearray, ext: str, *, key: str = "?", shard: str = "?") -> torch.Tensor:
     """Decode one image (``ext`` is its format, as named in the shard) to RGB ``uint8 [3, H, W]``.
 
+    The image's header is read first: one that declares more pixels than Pillow's
+    ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes) is
+    refused before any decode.
+
     Raises:
-        CorruptImageError: the bytes do not decode; ``key`` and ``shard`` name the sample in it.
+        CorruptImageError: the bytes do not decode, or declare too many pixels; ``key`` and ``shard``
+            name the sample in it.
 
     """
+    if (too_many := oversized(data)) is not None:
+        raise CorruptImageError.for_sample(key, shard, too_many)
     if ext == "jpg" and _decode_jpeg is not None:
         try:
             return _decode_jpeg(data)

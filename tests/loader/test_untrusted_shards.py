@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
@@ -192,3 +193,34 @@ def test_a_shard_that_became_a_fifo_never_blocks_a_worker(ds):
     assert done.returncode == 0, done.stderr
     _, got, expected, _, unreadable, _, named = done.stdout.split()
     assert got == expected and int(unreadable) >= 1 and named == "True"
+
+
+def jpeg_declaring(jpeg: bytes, width: int, height: int) -> bytes:
+    """``jpeg`` with its frame header rewritten to declare ``width x height``: a decompression bomb."""
+    data = bytearray(jpeg)
+    sof = data.index(b"\xff\xc0")
+    struct.pack_into(">HH", data, sof + 5, height, width)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decompression_bombs_in_someone_elses_shard_are_skipped_and_counted_unread(ds, workers):
+    """Shards packed elsewhere may hold bombs pack would refuse: the header is checked before decode."""
+    bombs: list[str] = []
+
+    def edit(name: str, data: bytes) -> tuple[str, bytes]:
+        if name.endswith(".jpg") and len(bombs) < 2:
+            bombs.append(name)
+            return name, jpeg_declaring(data, *((16000, 16000), (65500, 65500))[len(bombs) - 1])
+        return name, data
+
+    rewrite_shard(ds, 0, edit)
+    assert len(bombs) == 2
+    dataset, batches, messages = one_pass(ds, workers)
+    assert len(batches) == len(dataset), "the batch count holds"
+    assert dataset.corrupt_skipped == 2
+    assert any("skipped 2 image(s) that do not decode" in m for m in messages), messages
+    with pytest.raises(
+        CorruptImageError, match=r"declares (16000x16000|65500x65500) = [\d,]+ pixels, more than the limit"
+    ):
+        one_pass(ds, workers, on_error="raise")
