@@ -111,7 +111,7 @@ class DeviceDecoder:
         assert dataset.decode_on is not None
 
         def on_corrupt(worker: int, e: CorruptImageError) -> None:
-            dataset._control.count(worker, CORRUPT)
+            dataset.count(worker, CORRUPT)
             warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
 
         return cls(
