@@ -143,7 +143,7 @@ def test_ray_output_is_the_pools_byte_for_byte(cluster, mixed_tree, baselines, t
     # Through the CLI, a driver process of its own joining the cluster by address.
     out = tmp_path / "resized"
     cmd = [str(IMGSHARDS), "pack", str(mixed_tree), str(out), "--engine", "ray", "--ray-address"]
-    cmd += [cluster.address, "--resize", "32", "--shard-size", "12000", "--json"]
+    cmd += [cluster.address, "--resize", "32", "--shard-size", "12000B", "--json"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
@@ -239,7 +239,7 @@ def _state(out: Path) -> Path:
 def test_a_killed_driver_is_resumed_by_either_engine(cluster, mixed_tree, baselines, tmp_path):
     out = tmp_path / "ray"
     cmd = [str(IMGSHARDS), "pack", str(mixed_tree), str(out), "--engine", "ray", "--ray-address"]
-    driver = subprocess.Popen([*cmd, cluster.address, "--resize", "32", "--shard-size", "12000", "-q"])
+    driver = subprocess.Popen([*cmd, cluster.address, "--resize", "32", "--shard-size", "12000B", "-q"])
     try:
         deadline = time.monotonic() + 240
         while not list(_state(out).glob("*.tar.json")):
