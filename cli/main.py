@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from imgshards.converter import ImgshardsError
 
 from .bench import bench
 from .demo import demo
-from .exits import EXIT_INTERRUPTED, CantRun
+from .exits import EXIT_INTERRUPTED, BadUsage, CantRun
 from .index import index
 from .info import info
 from .options import shown
@@ -36,7 +37,7 @@ _EXAMPLES = {command.name: example for command, _, example in _COMMANDS}
 
 
 class _Group(click.Group):
-    """Turns a user's mistake (an :class:`ImgshardsError`) into a one-line message, not a traceback.
+    """Turns a user's mistake (an :class:`ImgshardsError`, a bad command line) into one line, not a traceback.
 
     Exit codes are those of :mod:`.exits`: 1 the data is bad, 2 cannot run, 130 interrupted.
     """
@@ -44,6 +45,8 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # an unknown command or option, a missing argument
+            raise _one_line(e) from e
         except ImgshardsError as e:
             raise CantRun(shown(str(e))) from e  # a name in it may hold escape codes
         except KeyboardInterrupt:
@@ -55,6 +58,12 @@ class _Group(click.Group):
                 message = "interrupted"
             click.echo(message, err=True)
             ctx.exit(EXIT_INTERRUPTED)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:  # an unknown option of the group itself
+            raise _one_line(e) from e
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         """The commands in workflow order (pack, verify, info, index, bench, demo), not sorted by name."""
@@ -87,6 +96,13 @@ def cli() -> None:
 for _command, _summary, _ in _COMMANDS:
     _command.short_help = _summary
     cli.add_command(_command)
+
+
+def _one_line(error: click.UsageError) -> click.UsageError:
+    """``error`` told in one line, unless it is already, or is the help itself (``imgshards`` alone)."""
+    if isinstance(error, (BadUsage, NoArgsIsHelpError)):
+        return error
+    return BadUsage(error)
 
 
 def main() -> None:

@@ -311,3 +311,18 @@ def test_the_top_level_help_lists_the_workflow_with_an_example_each():
     assert "..." not in commands  # no description cut mid-word
     assert "Pack an ImageFolder tree into shards in a directory or at a URL." in commands
     assert "Describe a packed dataset: classes, splits, balance, rejects." in commands
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["pack", "photos/train"], "Error: Missing argument 'DST'; see `imgshards pack --help`."),
+        (["verify", "--bogus", "x"], "Error: No such option '--bogus'; see `imgshards verify --help`."),
+        (["pakc"], "Error: No such command 'pakc'. Did you mean 'pack'? See `imgshards --help`."),
+        (["--bogus"], "Error: No such option '--bogus'; see `imgshards --help`."),
+    ],
+)
+def test_a_command_line_mistake_is_one_line_naming_the_help_to_read(args, expected):
+    result = CliRunner().invoke(cli, args, prog_name="imgshards")
+    assert result.exit_code == 2
+    assert result.output.strip() == expected
