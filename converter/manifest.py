@@ -13,7 +13,8 @@ Layout of ``index.json`` (``version`` 1)::
         "train": {
           "samples": 1281167, "bytes": 140e9,
           "class_counts": [1300, 1300],           # aligned with "classes"
-          "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "..."}],
+          "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "...",
+                      "offsets": "AAAAAA8BAAA..."}],  # where each sample starts (converter/offsets.py)
           "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
@@ -42,6 +43,7 @@ from typing import Any
 from .errors import ManifestError
 from .labels import label_value
 from .locate import INDEX_NAME, is_url, local_path, no_index, not_a_dataset
+from .offsets import BLOCK, decode_offsets
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -78,10 +80,22 @@ class ShardInfo:
     samples: int
     bytes: int
     sha256: str
+    # Where each sample starts, in the index's form (.offsets); "" where the index has no table.
+    offsets: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form written into the index."""
-        return {"name": self.name, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
+        data: dict[str, Any] = {"name": self.name, "samples": self.samples, "bytes": self.bytes}
+        data["sha256"] = self.sha256
+        if self.offsets:
+            data["offsets"] = self.offsets
+        return data
+
+    def sample_offset(self, sample: int) -> int | None:
+        """Where sample number ``sample`` starts (its first tar header), in bytes; None without a table."""
+        if not self.offsets or not 0 <= sample < self.samples:
+            return None
+        return decode_offsets(self.offsets)[sample] * BLOCK
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -276,7 +290,11 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
         name=name,
         shards=tuple(
             ShardInfo(
-                name=str(s["name"]), samples=int(s["samples"]), bytes=int(s["bytes"]), sha256=str(s["sha256"])
+                name=str(s["name"]),
+                samples=int(s["samples"]),
+                bytes=int(s["bytes"]),
+                sha256=str(s["sha256"]),
+                offsets=str(s.get("offsets", "")),
             )
             for s in data["shards"]
         ),

@@ -305,7 +305,7 @@ def _finish(
             converted.update(record.converted)
         infos[part.name] = SplitInfo(
             name=part.name,
-            shards=tuple(ShardInfo(r.name, r.samples, r.bytes, r.sha256) for r in records),
+            shards=tuple(ShardInfo(r.name, r.samples, r.bytes, r.sha256, r.offsets) for r in records),
             class_counts=tuple(counts),
             rejects_total=len(rejects),
             rejects_by_reason=dict(sorted(Counter(r.reason.value for r in rejects).items())),

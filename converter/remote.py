@@ -326,7 +326,7 @@ class _Uploader:
 
 
 def _as_record(shard: ShardInfo) -> ShardRecord:
-    return ShardRecord(shard.name, shard.samples, shard.bytes, shard.sha256, {}, ())
+    return ShardRecord(shard.name, shard.samples, shard.bytes, shard.sha256, {}, (), offsets=shard.offsets)
 
 
 def _is_shard_of(name: str, split: str) -> bool:

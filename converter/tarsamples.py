@@ -51,8 +51,10 @@ class SampleReader:
     """Samples ``[start, stop)`` of one tar stream, in stored order.
 
     Members of samples before ``start`` are stepped over, never read; reading stops at ``stop``
-    (None: the end). Of a sample's members, those whose extension is in ``skip``, or not in ``only``
-    (when given), or larger than ``max_read`` bytes are stepped over too; every extension is listed.
+    (None: the end). ``at`` is the number of the sample ``tar`` stands at (a stream moved to where
+    sample ``at`` starts, by a shard's table of sample starts; 0: the shard's start). Of a
+    sample's members, those whose extension is in ``skip``, or not in ``only`` (when given), or
+    larger than ``max_read`` bytes are stepped over too; every extension is listed.
     A member's key and extension are :func:`~.manifest.split_member_name`'s (inlined: the hot path).
 
     A :class:`~.errors.ShardFormatError` of the stream ends the iteration: the sample it fell in
@@ -70,10 +72,11 @@ class SampleReader:
         skip: Collection[str] = frozenset(),
         only: Collection[str] | None = None,
         max_read: int | None = None,
+        at: int = 0,
     ) -> None:
-        self.tar, self.start, self.stop = tar, start, stop
+        self.tar, self.start, self.stop, self.at = tar, start, stop, at
         self.skip, self.only, self.max_read = skip, only, max_read
-        self.seen = 0
+        self.seen = at
         self.final = False  # set as the shard's last sample (none after it) is yielded
         self.cut_exts: list[str] | None = None  # the members of the sample the damage fell in, if any
 
@@ -81,7 +84,7 @@ class SampleReader:
         tar, start, stop, skip, only, max_read = (
             self.tar, self.start, self.stop, self.skip, self.only, self.max_read
         )  # fmt: skip
-        index, key = -1, None
+        index, key = self.at - 1, None
         parts: dict[str, bytes] = {}
         exts: list[str] = []
         try:

@@ -52,22 +52,26 @@ class TarStream:
     data. A member whose data is not read is stepped over when the next one is asked for.
 
     Args:
-        f: The shard, opened for binary reading at its start.
+        f: The shard, opened for binary reading at its start (or at ``offset``).
         end: The shard's size, if known: every declared size is checked against it before it is
             used (nothing is allocated or skipped past the shard's real end).
         seekable: Step over unread data with ``seek``; else read it (a stream that hashes what it
             reads must see every byte).
+        offset: Where ``f`` stands in the shard: a header's start, such as a sample's from the
+            index's table of sample starts.
 
     """
 
     __slots__ = ("_f", "_left", "_read", "_seekable", "_size", "end", "ended", "offset")
 
-    def __init__(self, f: BinaryIO, *, end: int | None = None, seekable: bool = True) -> None:
+    def __init__(
+        self, f: BinaryIO, *, end: int | None = None, seekable: bool = True, offset: int = 0
+    ) -> None:
         self._f = f
         self._read = f.read
         self._seekable = seekable
         self.end = end
-        self.offset = 0  # where the stream is in the shard (counted here, never asked of f)
+        self.offset = offset  # where the stream is in the shard (counted here, never asked of f)
         self.ended = False  # the end-of-archive block was read
         self._size = 0  # the current member's data bytes
         self._left = 0  # bytes of the current member (data and padding) not consumed yet

@@ -12,7 +12,8 @@ with :func:`open_regular`. What holds afterwards:
   ``.`` or ``..`` (:func:`check_relative_path`).
 - Counts and sizes are integers (not floats, not booleans) within bounds: a shard holds at most
   ``MAX_SHARD_BYTES`` and at most one sample per ``MIN_SAMPLE_BYTES`` of it; a split's totals and
-  per-class counts add up to its shards'.
+  per-class counts add up to its shards'. A shard's table of sample starts, when it has one, holds
+  one start per sample, increasing, inside the shard (:func:`~.offsets.offsets_problem`).
 - There is at least one class, class names are distinct strings, and the per-class counts of every
   split line up with them.
 - The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON, nested at most ``MAX_DEPTH`` deep.
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ManifestError, UnsafeFileError
+from .offsets import offsets_problem
 
 __all__ = [
     "MAX_DEPTH",
@@ -164,8 +166,13 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
             raise _bad(where, f"{at}.name", name, "a name no other shard has")
         names.add(name)
         size = _count(shard, "bytes", MAX_SHARD_BYTES, where, at)
-        samples += _count(shard, "samples", size // MIN_SAMPLE_BYTES, where, at)
+        count = _count(shard, "samples", size // MIN_SAMPLE_BYTES, where, at)
+        samples += count
         total += size
+        if "offsets" in shard:  # where each sample starts (.offsets): optional
+            problem = offsets_problem(shard["offsets"], count, size)
+            if problem is not None:
+                raise _bad(where, f"{at}.offsets", shard["offsets"], problem)
         sha = shard.get("sha256")
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
             raise _bad(where, f"{at}.sha256", sha, "64 lower-case hex digits")

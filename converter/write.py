@@ -41,6 +41,7 @@ from PIL import Image
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
 from .formats import convert_image
+from .offsets import BLOCK, encode_offsets
 from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
@@ -108,6 +109,7 @@ class ShardRecord:
     formats: dict[str, int] = field(default_factory=dict)
     converted: dict[str, int] = field(default_factory=dict)
     content: str = ""  # digest of the files' bytes as gathered (see .resume)
+    offsets: str = ""  # where each sample starts, in the index's form (see .offsets)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form of the record."""
@@ -121,6 +123,7 @@ class ShardRecord:
             "formats": dict(sorted(self.formats.items())),
             "converted": dict(sorted(self.converted.items())),
             "content": self.content,
+            "offsets": self.offsets,
         }
 
     @classmethod
@@ -136,6 +139,7 @@ class ShardRecord:
             formats={str(k): int(v) for k, v in data.get("formats", {}).items()},
             converted={str(k): int(v) for k, v in data.get("converted", {}).items()},
             content=str(data.get("content", "")),
+            offsets=str(data.get("offsets", "")),
         )
 
 
@@ -245,6 +249,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     formats: dict[str, int] = {}
     converted: dict[str, int] = {}
     digests: list[bytes] = []  # of the files as read, for a resumed run's content check (see .resume)
+    starts: list[int] = []  # the block where each sample starts (the index's table, see .offsets)
     samples = done = 0
     class_json = [encode_basestring_ascii(name) for name in task.classes]
     rel_paths = list(task.paths)
@@ -273,6 +278,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
                 size = f',"height":{verdict.height}' if verdict.width else ""
                 meta = f'{{"class":{class_json[label]}{size},"path":{encode_basestring_ascii(rel)}'
                 meta += f',"width":{verdict.width}}}' if verdict.width else "}"
+                starts.append(tar.size // BLOCK)
                 tar.add_many(
                     [
                         (f"{key}.{verdict.ext}", image),
@@ -296,7 +302,16 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         add_progress(counter, done % 256)
     content = combined_digest(digests)  # what a resumed run checks the tree against (see .resume)
     return ShardRecord(
-        task.name, samples, tar.size, sha256, class_counts, tuple(rejects), formats, converted, content
+        task.name,
+        samples,
+        tar.size,
+        sha256,
+        class_counts,
+        tuple(rejects),
+        formats,
+        converted,
+        content,
+        encode_offsets(starts),
     )
 
 

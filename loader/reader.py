@@ -110,6 +110,7 @@ def read_run(
     labels: LabelSource | None = None,
     class_to_idx: Mapping[str, int] | None = None,
     keep_all: bool = False,
+    offset: int | None = None,
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
@@ -117,7 +118,9 @@ def read_run(
     without it ``path`` is a local file. The shard is opened at the first sample asked for.
     ``labels`` says which member holds a sample's label (the split's, from the index; default
     ``.cls``); ``class_to_idx`` maps class names to ids for labels that are names. Every member is
-    read but ``.json`` (when the label is elsewhere), or every member with ``keep_all``.
+    read but ``.json`` (when the label is elsewhere), or every member with ``keep_all``. ``offset``
+    is where sample ``start`` begins (the index's table of sample starts): the run seeks there
+    instead of stepping over the samples before it.
 
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
     damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
@@ -132,7 +135,7 @@ def read_run(
     readable = [0]  # complete samples the shard was seen to hold, counted by _samples
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
         labeled = _Labels(labels or LabelSource(), class_to_idx, num_classes, keep_all=keep_all)
-        samples = _samples(cast(BufferedReader, f), start, stop, url, labeled, readable)
+        samples = _samples(cast(BufferedReader, f), start, stop, url, labeled, readable, offset)
         try:
             for sample in samples:
                 got += 1
@@ -164,7 +167,13 @@ def read_run(
 
 
 def _samples(
-    f: BufferedReader, start: int, stop: int, url: str, labels: _Labels, readable: list[int]
+    f: BufferedReader,
+    start: int,
+    stop: int,
+    url: str,
+    labels: _Labels,
+    readable: list[int],
+    offset: int | None = None,
 ) -> Generator[RawSample | CorruptImageError, None, None]:
     """Samples ``[start, stop)`` of the shard, from the converter's one tar reader, as raw samples.
 
@@ -173,9 +182,10 @@ def _samples(
     shard).
     """
     end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
-    f.seek(0)
-    tar = TarStream(f, end=end)
-    reader = SampleReader(tar, start=start, stop=stop, skip=labels.skipped)
+    at = start if offset is not None and offset < end else 0  # else a truncated shard: stepped to its end
+    f.seek(offset if at else 0)
+    tar = TarStream(f, end=end, offset=offset if at else 0)
+    reader = SampleReader(tar, start=start, stop=stop, skip=labels.skipped, at=at)
     member = labels.member
     try:
         for sample in reader:

@@ -87,6 +87,7 @@ def read_runs(
             labels=split.labels,
             class_to_idx=class_to_idx,
             keep_all=keep_all,
+            offset=shard.sample_offset(seg.start) if seg.start else None,  # a seek, not a walk
         )
         if seg.skip:
             run = _skipping(run, seg)
