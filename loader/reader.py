@@ -182,9 +182,10 @@ def _samples(
     shard).
     """
     end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
-    at = start if offset is not None and offset < end else 0  # else a truncated shard: stepped to its end
-    f.seek(offset if at else 0)
-    tar = TarStream(f, end=end, offset=offset if at else 0)
+    # A seek to the table's start of sample `start`; past the end, a truncated shard: walked to its end.
+    at, offset = (start, offset) if offset is not None and offset < end else (0, 0)
+    f.seek(offset)
+    tar = TarStream(f, end=end, offset=offset)
     reader = SampleReader(tar, start=start, stop=stop, skip=labels.skipped, at=at)
     member = labels.member
     try:
