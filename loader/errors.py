@@ -25,9 +25,9 @@ class ConfigError(ImgshardsError, ValueError):
 
 
 class CorruptImageError(ImgshardsError):
-    """A sample in a shard is unusable: its image does not decode or the transform refuses it, or its
-    label is not one of the classes.
+    """A sample in a shard is unusable: its image does not decode or is refused, or its label is bad.
 
+    Its image does not decode or the transform refuses it, or its label is not one of the classes.
     Raised with ``on_error="raise"``, else skipped and counted.
 
     Built from one message string (:meth:`for_sample` writes it), so a DataLoader can re-raise it

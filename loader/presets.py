@@ -336,12 +336,13 @@ class ResizeCenterCrop:
 
     def __init__(self, size: int = 224, *, max_aspect: float = 100.0) -> None:
         if not max_aspect >= 1:
-            raise ConfigError(f"max_aspect is the longest side over the shortest, at least 1; got {max_aspect}")
+            raise ConfigError(f"max_aspect is the longer side over the shorter, at least 1; got {max_aspect}")
         self.size, self.max_aspect = size, max_aspect
         self.resize = round(size * 256 / 224)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, resize={self.resize}, max_aspect={self.max_aspect:g})"
+        name, aspect = type(self).__name__, self.max_aspect
+        return f"{name}(size={self.size}, resize={self.resize}, max_aspect={aspect:g})"
 
     def check(self, height: int, width: int) -> None:
         """Refuse an image whose whole-image resize would be unbounded: more than ``max_aspect`` to 1.
