@@ -198,6 +198,15 @@ def test_jpeg_scans_counts_the_scans_of_real_jpegs():
         assert jpeg_scans(bad) == 0 and too_many_scans(bad) is None
 
 
+def test_a_baseline_jpeg_is_passed_after_its_first_scan_header():
+    """One scan holding every component: libjpeg stops with an error at a second, so none is counted."""
+    data = small("JPEG")
+    last, end = data.rindex(b"\xff\xda"), data.rindex(b"\xff\xd9")
+    repeated = data[:end] + data[last:end] * 500 + data[end:]
+    assert jpeg_scans(repeated) == 501 and too_many_scans(repeated) is None
+    assert inspect_image(repeated, ".jpg", Check.FULL).reason is Reason.UNDECODABLE
+
+
 def test_a_jpeg_with_more_scans_than_the_limit_is_rejected_before_decoding():
     assert MAX_SCANS == 100
     at_limit, past_it = with_scans(MAX_SCANS - 10), with_scans(MAX_SCANS - 9)
