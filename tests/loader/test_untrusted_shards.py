@@ -23,7 +23,7 @@ from PIL import Image
 
 from imgshards.converter import ManifestError, read_manifest
 from imgshards.converter.headers import jpeg_scans
-from imgshards.loader import CorruptImageError, ShardDataset, ShardReadError, make_loader
+from imgshards.loader import CorruptImageError, DecodeOn, ShardDataset, ShardReadError, make_loader
 from imgshards.loader.reader import read_run
 
 
@@ -350,3 +350,15 @@ def test_a_pass_over_the_three_bombs_costs_no_more_memory_and_skips_each(tiny_pa
     assert (got, skipped) == (images - 3, 3)
     assert bombed_mib - clean_mib < 200, (clean_mib, bombed_mib)
     assert bombed_s < clean_s + 10, "a bomb was decoded"
+
+
+@pytest.mark.parametrize("augment", ["per_image", "batched"])
+def test_decode_on_skips_the_same_bombs_as_the_workers(ds, augment):
+    """With decode_on the eval preset's check runs as the views are drawn, in the training process."""
+    plant(ds, [flat_jpeg(65500, 1), progressive_bomb()])
+    decode_on = DecodeOn(device="cpu", augment=augment)
+    dataset, batches, _ = one_pass(ds, 2, mode="eval", decode_on=decode_on)
+    assert sum(len(b.labels) for b in batches) == dataset.num_samples - 2
+    assert dataset.corrupt_skipped == 2
+    with pytest.raises(CorruptImageError, match=r"(a 65500x1 image would be resized|4010 scans)"):
+        one_pass(ds, 0, mode="eval", decode_on=decode_on, on_error="raise")
