@@ -167,7 +167,7 @@ def too_many_scans(data: bytes | bytearray | memoryview, max_scans: int | None =
 
     A baseline JPEG whose first scan holds every colour component is passed after that scan's
     header, unwalked (a few microseconds): libjpeg stops with an error at a second scan of such a
-    file. Any other JPEG is walked to its end (about 35 us for 90 KB).
+    file. Any other JPEG is walked to its end (tens of microseconds: ~45 us for 90 KB).
 
     Args:
         data: The image's bytes; anything but a JPEG passes (``None``).

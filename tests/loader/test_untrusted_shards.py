@@ -19,11 +19,21 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from imgshards.converter import ManifestError, read_manifest
 from imgshards.converter.headers import jpeg_scans
-from imgshards.loader import CorruptImageError, DecodeOn, ShardDataset, ShardReadError, make_loader
+from imgshards.loader import (
+    ConfigError,
+    CorruptImageError,
+    DecodeOn,
+    ImageShapeError,
+    ResizeCenterCrop,
+    ShardDataset,
+    ShardReadError,
+    make_loader,
+)
 from imgshards.loader.reader import read_run
 
 
@@ -362,3 +372,17 @@ def test_decode_on_skips_the_same_bombs_as_the_workers(ds, augment):
     assert dataset.corrupt_skipped == 2
     with pytest.raises(CorruptImageError, match=r"(a 65500x1 image would be resized|4010 scans)"):
         one_pass(ds, 0, mode="eval", decode_on=decode_on, on_error="raise")
+
+
+def test_the_eval_preset_takes_up_to_100_to_1_and_refuses_past_it_before_resizing():
+    eval_ = ResizeCenterCrop(32)
+    assert tuple(eval_(torch.zeros(3, 2, 200, dtype=torch.uint8)).shape) == (3, 32, 32)
+    assert eval_.draw(200, 2).height > 0
+    for shape in ((3, 2, 201), (3, 201, 2), (3, 0, 5)):
+        with pytest.raises(ImageShapeError, match=r"a \d+x\d+ image (would be resized|is empty)"):
+            eval_(torch.zeros(shape, dtype=torch.uint8))
+        with pytest.raises(ImageShapeError):
+            eval_.draw(shape[1], shape[2])
+    assert ResizeCenterCrop(32, max_aspect=1000)(torch.zeros(3, 2, 201, dtype=torch.uint8)).shape[-1] == 32
+    with pytest.raises(ConfigError, match="max_aspect"):
+        ResizeCenterCrop(32, max_aspect=0.5)
