@@ -8,7 +8,9 @@ Three levels (``--check``):
     marker (EOI) after its first scan, a PNG its ``IEND`` chunk, a WebP or BMP as many bytes as its
     header declares. TIFF and PPM/PGM are checked for their magic only. The pixel count the header
     declares is bounded (``max_pixels``, default Pillow's ``Image.MAX_IMAGE_PIXELS``): a
-    decompression bomb is rejected as ``too_many_pixels`` (see :mod:`.headers`).
+    decompression bomb is rejected as ``too_many_pixels``; so is the decode time of a JPEG: one
+    with more scans than ``headers.MAX_SCANS`` (100) is rejected as ``too_many_scans`` (see
+    :mod:`.headers`).
 ``full``
     Also decodes every image with Pillow (after the header's bound): catches corrupt entropy-coded data.
 ``none``
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from .headers import JpegError, oversized, pixel_excess, walk_jpeg
+from .headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
 
 __all__ = ["Check", "Inspection", "Reason", "inspect_image"]
 
@@ -53,6 +55,7 @@ class Reason(str, enum.Enum):
     UNSUPPORTED_FORMAT = "unsupported_format"
     TRUNCATED = "truncated"
     TOO_MANY_PIXELS = "too_many_pixels"
+    TOO_MANY_SCANS = "too_many_scans"
     TOO_LARGE = "too_large"
     GREW = "grew_while_packed"
     UNDECODABLE = "undecodable"
@@ -117,6 +120,8 @@ def _jpeg_header(data: bytes) -> Inspection:
         return Inspection(reason=Reason.TRUNCATED, detail="no JPEG end marker (EOI) after the image data")
     if frame is None or not frame.width or not frame.height:
         return Inspection(reason=Reason.NOT_IMAGE, detail="JPEG without a frame header (SOF)")
+    if (excess := too_many_scans(data)) is not None:  # minutes of decoding in every epoch
+        return Inspection(reason=Reason.TOO_MANY_SCANS, detail=excess)
     return Inspection(ext="jpg", width=frame.width, height=frame.height)
 
 

@@ -9,6 +9,11 @@ One JPEG marker walker serves both: :func:`jpeg_header` stops at the frame heade
 when the rest of the file is cut), and ``walk_jpeg(..., to_scan=True)`` goes on to the first scan
 for ``pack``'s truncation check (:mod:`.check`).
 
+Pixels are one cost; scans are the other. A progressive JPEG is decoded scan by scan, each over the
+whole image: a 274 KB file whose last scan is repeated 4,000 times takes 23-51 s to decode. Real
+progressive JPEGs have about 10 scans (libjpeg's default script), so more than :data:`MAX_SCANS`
+(100) is refused by :func:`too_many_scans`, as nvImageCodec refuses more than 256.
+
 The bound defaults to Pillow's ``Image.MAX_IMAGE_PIXELS`` (about 89.5 million pixels, read when the
 check runs), the limit Pillow itself warns at; ``Image.MAX_IMAGE_PIXELS = None`` removes it, as it
 does in Pillow.
@@ -16,18 +21,23 @@ does in Pillow.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Literal, NamedTuple
 
 from PIL import Image
 
 __all__ = [
+    "MAX_SCANS",
     "JpegError",
     "JpegHeader",
     "image_size",
     "jpeg_header",
+    "jpeg_scans",
     "oversized",
     "pixel_excess",
     "pixel_limit",
+    "too_many_scans",
     "walk_jpeg",
 ]
 
@@ -113,6 +123,76 @@ def jpeg_header(data: bytes | bytearray | memoryview) -> JpegHeader | None:
     except JpegError:
         return None
     return frame
+
+
+MAX_SCANS = 100
+"""The most scans a JPEG may have (libjpeg writes 10 for a colour progressive JPEG, 1 for a baseline)."""
+
+# A marker after entropy-coded data: 0xFF then a code that is neither a stuffed zero, a restart
+# marker (RST0-7, which sits inside the data) nor a fill byte (0xFF, which precedes the real code).
+_MARKER = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
+
+
+def _segments(buf: bytes | bytearray) -> Iterator[tuple[int, int]]:
+    """``(marker, offset of its length field)`` of each JPEG segment after SOI, up to EOI.
+
+    Segments are skipped by their lengths, and each scan's entropy-coded data with one regular
+    expression search for the next marker: a pass over the bytes in C, not a decode. Lenient: bytes
+    that are not a marker are passed over, a file cut short ends the walk.
+    """
+    pos, n = 2, len(buf)
+    while (found := _MARKER.search(buf, pos)) is not None:
+        pos = found.end()
+        marker = buf[pos - 1]
+        if marker == 0xD9:  # EOI
+            return
+        if marker in _STANDALONE:
+            continue
+        if pos + 2 > n:
+            return
+        yield marker, pos
+        pos += max(buf[pos] << 8 | buf[pos + 1], 2)  # a corrupt length still moves on
+
+
+def jpeg_scans(data: bytes | bytearray | memoryview) -> int:
+    """How many scans (SOS segments) a JPEG holds (0 for what is not a JPEG); a cut file, those it has."""
+    buf = data if isinstance(data, bytes | bytearray) else bytes(data)
+    if buf[:3] != b"\xff\xd8\xff":
+        return 0
+    return sum(marker == 0xDA for marker, _ in _segments(buf))
+
+
+def too_many_scans(data: bytes | bytearray | memoryview, max_scans: int | None = None) -> str | None:
+    """Why a JPEG has too many scans to decode in bounded time (one line); ``None`` when it has not.
+
+    A baseline JPEG whose first scan holds every colour component is passed after that scan's
+    header, unwalked (a few microseconds): libjpeg stops with an error at a second scan of such a
+    file. Any other JPEG is walked to its end (tens of microseconds: ~45 us for 90 KB).
+
+    Args:
+        data: The image's bytes; anything but a JPEG passes (``None``).
+        max_scans: The most scans allowed; ``None`` for :data:`MAX_SCANS`.
+
+    Returns:
+        E.g. ``"progressive JPEG with 4010 scans, more than the limit of 100"``; ``None`` within it.
+
+    """
+    limit = MAX_SCANS if max_scans is None else max_scans
+    buf = data if isinstance(data, bytes | bytearray) else bytes(data)
+    frame = jpeg_header(buf)
+    if frame is None:
+        return None
+    scans = 0
+    for marker, at in _segments(buf):
+        if marker != 0xDA:
+            continue
+        if not scans and not frame.progressive and at + 2 < len(buf) and buf[at + 2] == frame.components:
+            return None
+        scans += 1
+    if scans <= limit:
+        return None
+    kind = "progressive JPEG" if frame.progressive else "JPEG"
+    return f"{kind} with {scans} scans, more than the limit of {limit}"
 
 
 def _u16le(data: bytes | bytearray | memoryview, at: int) -> int:

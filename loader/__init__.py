@@ -17,7 +17,14 @@ from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
 from .decode import decode as decode_image
 from .epoch import elastic, partition
-from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, ShardReadError
+from .errors import (
+    ConfigError,
+    CorruptImageError,
+    ImageShapeError,
+    LoaderTimeoutError,
+    ResumeError,
+    ShardReadError,
+)
 from .mix import MixedDataset
 from .offload import DecodeOn
 from .pipeline import passes
@@ -32,6 +39,7 @@ __all__ = [
     "ConfigError",
     "CorruptImageError",
     "DecodeOn",
+    "ImageShapeError",
     "LoaderTimeoutError",
     "MixedDataset",
     "Mode",

@@ -24,6 +24,7 @@ from imgshards.converter.headers import (
     JpegHeader,
     jpeg_header,
     oversized,
+    too_many_scans,
 )  # one JPEG header walker, the converter's
 
 from .errors import CorruptImageError
@@ -73,16 +74,17 @@ def decode(data: bytes | bytearray, ext: str, *, key: str = "?", shard: str = "?
     """Decode one image (``ext`` is its format, as named in the shard) to RGB ``uint8 [3, H, W]``.
 
     The image's header is read first: one that declares more pixels than Pillow's
-    ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes) is
-    refused before any decode.
+    ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes), or
+    a JPEG with more scans than :data:`~imgshards.converter.headers.MAX_SCANS` (each scan a pass
+    over the whole image: thousands of them take minutes), is refused before any decode.
 
     Raises:
-        CorruptImageError: the bytes do not decode, or declare too many pixels; ``key`` and ``shard``
-            name the sample in it.
+        CorruptImageError: the bytes do not decode, declare too many pixels or hold too many scans;
+            ``key`` and ``shard`` name the sample in it.
 
     """
-    if (too_many := oversized(data)) is not None:
-        raise CorruptImageError.for_sample(key, shard, too_many)
+    if (too_costly := oversized(data) or too_many_scans(data)) is not None:
+        raise CorruptImageError.for_sample(key, shard, too_costly)
     if ext == "jpg" and _decode_jpeg is not None:
         try:
             return _decode_jpeg(data)

@@ -51,7 +51,7 @@ from .batch import Batch, to_device
 from .decoderstats import AUGMENT, DECODE, NORMALIZE, DecoderStats, Marks
 from .devicememory import Memory, bound, rounded
 from .epoch.seeds import augment_seed
-from .errors import ConfigError, CorruptImageError
+from .errors import ConfigError, CorruptImageError, ImageShapeError
 from .offload import DecodeOn, RawBatch
 from .pipeline.read import seeded
 from .presets import PRESETS, Transform, View
@@ -207,6 +207,11 @@ class DeviceDecoder:
                 images, views = [], []
                 for i in chunk:  # in sample order: the generator's draws are the workers'
                     image = decoded.pop(i)
+                    if preset is not None and isinstance(image, torch.Tensor):
+                        try:  # the preset's shape check: the workers' path refuses the same images
+                            views.append(preset.draw(int(image.shape[-2]), int(image.shape[-1]), generator))
+                        except ImageShapeError as e:
+                            image = CorruptImageError.for_transform(raw.keys[i], raw.shards[i], str(e))
                     if isinstance(image, CorruptImageError):
                         if self.on_corrupt is None:
                             raise image
@@ -214,8 +219,6 @@ class DeviceDecoder:
                         continue
                     images.append(image)
                     kept.append(i)
-                    if preset is not None:
-                        views.append(preset.draw(int(image.shape[-2]), int(image.shape[-1]), generator))
                 parts.extend(self._augment(images, views, memory))
                 del images, decoded
                 memory.free_chunk()

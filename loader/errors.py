@@ -12,6 +12,7 @@ from imgshards.converter.errors import ImgshardsError, ManifestError
 __all__ = [
     "ConfigError",
     "CorruptImageError",
+    "ImageShapeError",
     "LoaderTimeoutError",
     "ManifestError",
     "ResumeError",
@@ -24,8 +25,9 @@ class ConfigError(ImgshardsError, ValueError):
 
 
 class CorruptImageError(ImgshardsError):
-    """A sample in a shard is unusable: its image does not decode, or its label is not one of the classes.
+    """A sample in a shard is unusable: its image does not decode or is refused, or its label is bad.
 
+    Its image does not decode or the transform refuses it, or its label is not one of the classes.
     Raised with ``on_error="raise"``, else skipped and counted.
 
     Built from one message string (:meth:`for_sample` writes it), so a DataLoader can re-raise it
@@ -45,6 +47,25 @@ class CorruptImageError(ImgshardsError):
             key=key,
             shard=shard,
         )
+
+    @classmethod
+    def for_transform(cls, key: str, shard: str, reason: str) -> CorruptImageError:
+        """Return the error for sample ``key`` of ``shard`` that the transform refused for ``reason``."""
+        return cls(
+            f"image {key!r} in shard {shard} is refused by the transform ({reason}); "
+            'pass on_error="skip" to skip such images',
+            key=key,
+            shard=shard,
+        )
+
+
+class ImageShapeError(ImgshardsError, ValueError):
+    """A preset refuses an image whose shape would make its work unbounded (the message says why).
+
+    The eval preset resizes the whole image before its centre crop: a valid 17 KB JPEG of 65500x1
+    pixels would be resized to 16,768,000x256 (12.9 GB). In a :class:`~imgshards.loader.ShardDataset`
+    it becomes a :class:`CorruptImageError` for the sample: skipped and counted, or raised.
+    """
 
 
 class LoaderTimeoutError(ImgshardsError, TimeoutError):

@@ -4,7 +4,10 @@
 - ``"resnet"``: the scale augmentation of He et al. (2015): shorter side uniform in ``[256, 480]``, a
   random ``224`` crop, a flip, then colour: ``ColorJitter(0.4, 0.4, 0.4)`` and AlexNet's PCA
   lighting (std 0.1), as in ``fb.resnet.torch``.
-- ``"eval"``: resize the shorter side to ``256``, centre crop ``224``.
+- ``"eval"``: resize the shorter side to ``256``, centre crop ``224``. An image more than
+  ``max_aspect`` (100) times longer than wide, or wider than long, is refused with
+  :class:`~.errors.ImageShapeError` (its whole-image resize would be unbounded: a 65500x1 image
+  asks for 16,768,000x256 pixels, 12.9 GB).
 
 ``size`` scales every number (``256`` is ``round(size * 256 / 224)``). Every preset returns a
 ``uint8`` tensor with channels-last strides; no float image leaves a preset.
@@ -47,7 +50,7 @@ import torch
 import torchvision.transforms.v2.functional as F
 from torch.nn.functional import conv2d, interpolate
 
-from .errors import ConfigError
+from .errors import ConfigError, ImageShapeError
 
 __all__ = [
     "PRESETS",
@@ -324,21 +327,54 @@ def _device_constants(device: torch.device) -> tuple[torch.Tensor, ...]:
 
 
 class ResizeCenterCrop:
-    """Resize the shorter side to ``round(size * 256 / 224)``, centre crop ``size``: torchvision's eval."""
+    """Resize the shorter side to ``round(size * 256 / 224)``, centre crop ``size``: torchvision's eval.
 
-    def __init__(self, size: int = 224) -> None:
-        self.size = size
+    The whole image is resized, so the work grows with its aspect ratio: one more than
+    ``max_aspect`` to 1 (either way) is refused with :class:`~.errors.ImageShapeError`, which bounds
+    the resized image to ``max_aspect * resize**2`` pixels (19.7 MB at the defaults).
+    """
+
+    def __init__(self, size: int = 224, *, max_aspect: float = 100.0) -> None:
+        if not max_aspect >= 1:
+            raise ConfigError(f"max_aspect is the longer side over the shorter, at least 1; got {max_aspect}")
+        self.size, self.max_aspect = size, max_aspect
         self.resize = round(size * 256 / 224)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size}, resize={self.resize})"
+        name, aspect = type(self).__name__, self.max_aspect
+        return f"{name}(size={self.size}, resize={self.resize}, max_aspect={aspect:g})"
+
+    def check(self, height: int, width: int) -> None:
+        """Refuse an image whose whole-image resize would be unbounded: more than ``max_aspect`` to 1.
+
+        Raises:
+            ImageShapeError: naming the size, the resize it would take and the limit.
+
+        """
+        longer, shorter = max(height, width), min(height, width)
+        if shorter >= 1 and longer <= self.max_aspect * shorter:
+            return
+        if shorter < 1:
+            raise ImageShapeError(f"a {width}x{height} image is empty: there is nothing to resize")
+        stretched = int(self.resize * longer / shorter)
+        new_w, new_h = (stretched, self.resize) if width > height else (self.resize, stretched)
+        raise ImageShapeError(
+            f"a {width}x{height} image would be resized to {new_w:,}x{new_h:,} = {new_w * new_h:,} pixels "
+            f"before its centre crop: its aspect ratio {longer / shorter:,.0f}:1 is more than the eval "
+            f"preset's limit of {self.max_aspect:g}:1"
+        )
 
     def draw(self, height: int, width: int, generator: torch.Generator | None = None) -> View:
         """The source region the centre crop of the resized image shows (no draws: ``generator`` unused).
 
         Sizes and offsets as ``torchvision.transforms.v2.functional`` computes them (``resize``'s
         shorter-side rule, ``center_crop``'s rounding), mapped back to source pixels.
+
+        Raises:
+            ImageShapeError: the image is refused by :meth:`check`, as the preset itself refuses it.
+
         """
+        self.check(height, width)
         if width <= height:
             new_w, new_h = self.resize, int(self.resize * height / width)
         else:
@@ -352,7 +388,13 @@ class ResizeCenterCrop:
         return self(img)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        """Return the centre ``size`` x ``size`` crop of ``img`` resized."""
+        """Return the centre ``size`` x ``size`` crop of ``img`` resized.
+
+        Raises:
+            ImageShapeError: ``img`` is more than ``max_aspect`` to 1 (:meth:`check`), before any resize.
+
+        """
+        self.check(img.shape[-2], img.shape[-1])
         # The whole image is resized, as torchvision does: a resize of only the centre region would
         # shift the sampling grid by a fraction of a pixel, and eval numbers should match torchvision's.
         return F.center_crop(F.resize(img, [self.resize], antialias=True), [self.size, self.size])

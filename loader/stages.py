@@ -38,7 +38,7 @@ from webdataset.filters import pipelinefilter
 
 from .batch import Batch, BufferPool, collate
 from .decode import decode as decode_image
-from .errors import ConfigError, CorruptImageError
+from .errors import ConfigError, CorruptImageError, ImageShapeError
 from .offload import RawBatch, raw_batch
 from .pipeline.read import batched, seeded
 from .pipeline.stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, NoClock, StageClock
@@ -100,6 +100,24 @@ def _decode_one(sample: Mapping[str, Any], decode_: Callable[..., Any] = decode_
     return decode_(sample[ext], ext, key=str(sample.get("__key__")), shard=sample_shard(sample))
 
 
+def _transform_one(sample: Mapping[str, Any], image: Any, transform: Transform) -> Any:
+    """``transform(image)``; an image it refuses raises :class:`CorruptImageError` naming the sample.
+
+    Refused: a shape a preset will not resize (:class:`ImageShapeError`, a 65500x1 image in eval
+    mode), or memory the resize cannot have. Any other error is a bug of the transform's, and is
+    raised as it is.
+    """
+    try:
+        return transform(image)
+    except (ImageShapeError, MemoryError) as e:
+        reason = str(e) if isinstance(e, ImageShapeError) else f"{type(e).__name__}: {e}"
+    except RuntimeError as e:  # torch's CPU allocator failing; not a MemoryError
+        if "can't allocate memory" not in str(e):
+            raise
+        reason = f"{type(e).__name__}: {e}"
+    raise CorruptImageError.for_transform(str(sample.get("__key__")), sample_shard(sample), reason)
+
+
 # ---- the source of a hand-built pipeline -------------------------------------------------------
 
 
@@ -157,7 +175,7 @@ not decode goes to ``on_corrupt`` and is dropped; without ``on_corrupt`` it rais
 
 def _augment(data: Iterable[Sample], transform: Transform) -> Iterator[Sample]:
     for sample in data:
-        yield {**sample, IMAGE: transform(sample[IMAGE])}
+        yield {**sample, IMAGE: _transform_one(sample, sample[IMAGE], transform)}
 
 
 augment = pipelinefilter(_augment)
@@ -284,23 +302,25 @@ def _decode_batches(
         with seeded(seed_of(k), restore=restore):
             for sample in samples:
                 image = sample.get(IMAGE)
-                if image is None:
-                    try:
+                try:
+                    if image is None:
                         image = _decode_one(sample, decode_)
-                    except CorruptImageError as e:
-                        if on_corrupt is None:
-                            raise
-                        on_corrupt(e)
-                        continue
-                out.append({**sample, IMAGE: transform_(image)})
+                    image = _transform_one(sample, image, transform_)
+                except CorruptImageError as e:
+                    if on_corrupt is None:
+                        raise
+                    on_corrupt(e)
+                    continue
+                out.append({**sample, IMAGE: image})
         yield k, out
 
 
 decode_batches = pipelinefilter(_decode_batches)
 decode_batches.__doc__ = """Stage on batches: decode and transform every sample of batch ``k`` with
 torch's generator seeded by ``seed_of(k)`` (``restore``: put the caller's generator state back).
-An image that does not decode goes to ``on_corrupt`` and leaves its batch one smaller (raises
-without ``on_corrupt``).
+An image that does not decode, or that the transform refuses (a shape a preset will not resize,
+:class:`~imgshards.loader.ImageShapeError`; memory it cannot have), goes to ``on_corrupt`` and
+leaves its batch one smaller (raises without ``on_corrupt``).
 """
 
 

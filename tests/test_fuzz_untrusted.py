@@ -1,24 +1,35 @@
-"""Bounded fuzzing of what a dataset says (issue 12): 300 mutated index.json documents, 300 mutated shards.
+"""Bounded fuzzing of what a dataset says (issues 12 and 21): 300 mutated index.json documents, 300
+mutated shards, and 200 mutated or cut image headers.
 
 Fixed seed, in-process, each test under a timeout. A mutated index either loads (and then every
 name in it is plain and every count in bounds) or raises ManifestError; a mutated shard is read by
-the loader's reader and by verify's checker without any exception escaping, and never hangs.
+the loader's reader and by verify's checker without any exception escaping, and never hangs. A
+mutated image is either decoded or refused in one line, by pack's header check and by the loader.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
 
 from imgshards.converter import ManifestError, read_manifest
+from imgshards.converter.check import Check, Inspection, inspect_image
+from imgshards.converter.headers import image_size, jpeg_header, jpeg_scans, oversized, too_many_scans
 from imgshards.converter.validate import MAX_SHARD_BYTES, check_name
 from imgshards.converter.verify import check_shard_stream
-from imgshards.loader import ShardDataset
+from imgshards.loader import CorruptImageError, ShardDataset
+from imgshards.loader.decode import decode
 from imgshards.loader.reader import read_run
 
 SEED = 12
@@ -137,3 +148,55 @@ def test_mutated_shards_are_read_and_verified_without_escaping_errors(tiny_packe
         problems, _ = check_shard_stream(lambda: path.open("rb"), shard, 4)
         assert problems, "a mutated shard never matches its index's hash"
     assert damaged > CASES // 3
+
+
+def _encoded(fmt: str, **params: object) -> bytes:
+    pixels = np.random.default_rng(SEED).integers(0, 255, (12, 16, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt, **params)
+    return out.getvalue()
+
+
+# Small images: every byte is near a header (a JPEG's tables are most of its 700 bytes).
+SEEDS = {
+    "baseline": (_encoded("JPEG"), "jpg"),
+    "progressive": (_encoded("JPEG", progressive=True), "jpg"),
+    "restarts": (_encoded("JPEG", progressive=True, restart_marker_blocks=1), "jpg"),
+    "png": (_encoded("PNG"), "png"),
+}
+PIXEL_BOUND = 1_000_000  # a mutated size decodes in milliseconds, not seconds
+
+
+@st.composite
+def mutated_images(draw: st.DrawFn) -> tuple[bytes, str]:
+    data, ext = SEEDS[draw(st.sampled_from(sorted(SEEDS)))]
+    out = bytearray(data)
+    for at, value in draw(st.lists(st.tuples(st.integers(0, len(out) - 1), st.integers(0, 255)), max_size=6)):
+        out[at] = value
+    if draw(st.booleans()):
+        del out[draw(st.integers(0, len(out))) :]
+    return bytes(out), ext
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(mutated_images())
+def test_mutated_image_headers_decode_or_are_refused_in_one_line(image):
+    data, ext = image
+    # The header readers never raise, whatever the bytes.
+    image_size(data), jpeg_header(data), jpeg_scans(data), too_many_scans(data)
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, PIXEL_BOUND
+    try:
+        assert oversized(data) is None or "more than the limit of 1,000,000" in str(oversized(data))
+        verdict = inspect_image(data, f".{ext}", Check.FULL)
+        assert isinstance(verdict, Inspection) and "\n" not in verdict.detail
+        assert (verdict.reason is None) == (verdict.ext is not None)
+        try:
+            decoded = decode(data, ext, key="k", shard="s")
+        except CorruptImageError as e:
+            assert "\n" not in str(e) and "image 'k' in shard s does not decode (" in str(e)
+        else:
+            assert decoded.dtype == torch.uint8 and decoded.dim() == 3 and decoded.shape[0] == 3
+            assert decoded.shape[1] * decoded.shape[2] <= PIXEL_BOUND
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit

@@ -1,7 +1,9 @@
-"""Decompression bombs at pack time (issue 21, case 2): ``--check header`` bounds the declared pixels.
+"""Bombs at pack time (issue 21): ``--check header`` bounds the declared pixels and a JPEG's scans.
 
 Every hostile file is built here: a small real image whose header is rewritten to declare a huge
-size (checksums fixed where the format has them), so only the size gives it away.
+size (checksums fixed where the format has them), so only the size gives it away; and a valid
+progressive JPEG whose last scan is repeated thousands of times (each repeat a pass over the whole
+image for the decoder).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -20,7 +23,15 @@ from PIL import Image
 from imgshards.cli.main import cli
 from imgshards.converter import PackConfig, Reason, pack
 from imgshards.converter.check import Check, inspect_image
-from imgshards.converter.headers import image_size, jpeg_header, oversized, pixel_limit
+from imgshards.converter.headers import (
+    MAX_SCANS,
+    image_size,
+    jpeg_header,
+    jpeg_scans,
+    oversized,
+    pixel_limit,
+    too_many_scans,
+)
 
 
 def small(fmt: str, size: tuple[int, int] = (8, 8), **params: object) -> bytes:
@@ -156,3 +167,79 @@ def test_pack_cli_takes_max_pixels(tmp_path):
     assert index["splits"]["train"]["pack"]["max_pixels"] == 300_000_000
     res = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "x"), "--max-pixels", "0"])
     assert res.exit_code == 2 and "--max-pixels" in res.output
+
+
+def with_scans(extra: int, *, side: int = 512, **params: object) -> bytes:
+    """A valid progressive JPEG (10 scans) with its last scan repeated ``extra`` more times."""
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (90, 120, 150)).save(out, format="JPEG", progressive=True, **params)
+    data = out.getvalue()
+    last, end = data.rindex(b"\xff\xda"), data.rindex(b"\xff\xd9")
+    return data[:end] + data[last:end] * extra + data[end:]
+
+
+def with_comment(jpeg: bytes, payload: bytes) -> bytes:
+    """``jpeg`` with a COM segment holding ``payload`` right after its SOI."""
+    return jpeg[:2] + b"\xff\xfe" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
+
+
+def test_jpeg_scans_counts_the_scans_of_real_jpegs():
+    assert jpeg_scans(small("JPEG")) == 1
+    assert jpeg_scans(small("JPEG", progressive=True)) == 10  # libjpeg's script for colour
+    assert jpeg_scans(small("JPEG", progressive=True, restart_marker_blocks=1)) == 10  # RSTn in the data
+    gray = io.BytesIO()
+    Image.new("L", (40, 30), 7).save(gray, format="JPEG", progressive=True)
+    assert jpeg_scans(gray.getvalue()) == 6
+    assert jpeg_scans(with_scans(4000)) == 4010
+    # 0xFFDA bytes inside a metadata segment are not scans: the walk skips segments by their length.
+    padded = with_comment(small("JPEG", progressive=True), b"\xff\xda" * 500)
+    assert padded.count(b"\xff\xda") == 510 and jpeg_scans(padded) == 10 and too_many_scans(padded) is None
+    for bad in (b"", b"\xff\xd8", b"\xff\xd8\xff\xc0\x00", bytes(100), small("PNG")):
+        assert jpeg_scans(bad) == 0 and too_many_scans(bad) is None
+
+
+def test_a_baseline_jpeg_is_passed_after_its_first_scan_header():
+    """One scan holding every component: libjpeg stops with an error at a second, so none is counted."""
+    data = small("JPEG")
+    last, end = data.rindex(b"\xff\xda"), data.rindex(b"\xff\xd9")
+    repeated = data[:end] + data[last:end] * 500 + data[end:]
+    assert jpeg_scans(repeated) == 501 and too_many_scans(repeated) is None
+    assert inspect_image(repeated, ".jpg", Check.FULL).reason is Reason.UNDECODABLE
+
+
+def test_a_jpeg_with_more_scans_than_the_limit_is_rejected_before_decoding():
+    assert MAX_SCANS == 100
+    at_limit, past_it = with_scans(MAX_SCANS - 10), with_scans(MAX_SCANS - 9)
+    assert inspect_image(at_limit, ".jpg", Check.HEADER).reason is None
+    assert inspect_image(at_limit, ".jpg", Check.FULL).reason is None
+    bomb = with_scans(4000)
+    for data, scans in ((past_it, 101), (bomb, 4010)):
+        for check in (Check.HEADER, Check.FULL):
+            verdict = inspect_image(data, ".jpg", check)
+            assert verdict.reason is Reason.TOO_MANY_SCANS, verdict
+            assert verdict.detail == f"progressive JPEG with {scans} scans, more than the limit of 100"
+    assert inspect_image(bomb, ".jpg", Check.NONE).reason is None, "check none trusts the input"
+    assert too_many_scans(past_it, max_scans=101) is None
+    start = time.perf_counter()
+    inspect_image(bomb, ".jpg", Check.FULL)
+    assert time.perf_counter() - start < 0.5, "decoded it: 4,010 scans of 512x512 take seconds"
+
+
+def test_pack_rejects_a_scan_bomb_and_keeps_a_long_thin_image(tmp_path):
+    """The 65500x1 JPEG is a valid image (a random crop of it trains); only the eval preset refuses it."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "scans.jpg").write_bytes(with_scans(4000))
+    wide = io.BytesIO()
+    Image.new("RGB", (65500, 1), (1, 2, 3)).save(wide, format="JPEG")
+    (src / "a" / "wide.jpg").write_bytes(wide.getvalue())
+    (src / "a" / "fine.jpg").write_bytes(small("JPEG", progressive=True))
+    result = pack(src, tmp_path / "out", PackConfig(workers=1))
+    assert result.info.samples == 2
+    assert result.info.rejects_by_reason == {"too_many_scans": 1}
+    (line,) = (tmp_path / "out" / result.info.rejects_file).read_text().splitlines()
+    assert json.loads(line) == {
+        "path": "a/scans.jpg",
+        "reason": "too_many_scans",
+        "detail": "progressive JPEG with 4010 scans, more than the limit of 100",
+    }
