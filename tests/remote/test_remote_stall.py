@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
@@ -194,21 +192,27 @@ import sys
 from imgshards.loader import ShardDataset, make_loader
 
 if __name__ == "__main__":  # workers may start from a forkserver, which imports this module
-    url, cache = sys.argv[1], sys.argv[2]
+    url, cache, start = sys.argv[1], sys.argv[2], sys.argv[3]
     ds = ShardDataset(url, cache_dir=cache, cache_limit=10**8, timeout=60, image_size=32, batch_size=8)
-    for batch in make_loader(ds, num_workers=2):
+    for batch in make_loader(ds, num_workers=2, multiprocessing_context=None if start == "-" else start):
         pass
 """
 
 
+# The loader's choice (a forkserver: fsspec runs a thread in the training process), and fork: a
+# worker whose parent is the training process itself, which DataLoader's watchdog does not check
+# while the worker waits inside a batch.
+@pytest.mark.parametrize("start", ["-", "fork"])
 def test_sigterm_ends_the_workers_waiting_on_a_stall_and_removes_their_partial_files(
-    serve, remote_packed, tmp_path
+    serve, remote_packed, tmp_path, start
 ):
     base = serve(remote_packed, stall=(".tar",))
     cache = tmp_path / "cache"
     script = tmp_path / "train.py"
     script.write_text(_TRAINING)
-    training = subprocess.Popen([sys.executable, str(script), base, str(cache)], stderr=subprocess.PIPE)
+    training = subprocess.Popen(
+        [sys.executable, str(script), base, str(cache), start], stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 60
         # The workers wait on the server once their downloads into the cache have begun.
