@@ -19,7 +19,7 @@ from .errors import DestinationError
 
 __all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "one_line", "with_timeouts"]
 
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 20.0
 """Seconds a remote request may wait for the server: to connect, and for each next piece of its answer."""
 
 # Protocols whose PUT is atomic (a partial object never appears under the final name).

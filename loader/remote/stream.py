@@ -23,6 +23,7 @@ raises :class:`~imgshards.loader.errors.ShardReadError` (its fetch thread is lef
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -294,8 +295,16 @@ class RangeReader(SeekableRawReader):
                     shard=self.name,
                 ) from error
             self.retries += 1
-            log.info("retrying bytes %d-%d of %s after %s", start, end, self.name, _describe(error))
+            # A stall is worth a line where logging is not set up (Python prints warnings then): the
+            # reader waited a whole timeout, with nothing to show for it.
+            level = logging.WARNING if _is_timeout(error) else logging.INFO
+            log.log(level, "retrying bytes %d-%d of %s after %s", start, end, self.name, _describe(error))
             time.sleep(self._retry.delay(failures))
+
+
+def _is_timeout(error: BaseException) -> bool:
+    """Whether ``error`` is a try that timed out (asyncio's and aiohttp's, botocore's ReadTimeoutError...)."""
+    return isinstance(error, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(error).__name__
 
 
 def _describe(error: BaseException) -> str:
