@@ -294,25 +294,22 @@ class _ProcessState:
                 return None
             try:
                 reservation = self.cache.reserve(shard.name, shard.sha256, shard.bytes)
-            except OSError as e:  # read-only, no permission, no inode left: stream it
-                error: OSError | None = e
-                reservation = None
+            except OSError as e:  # read-only, no permission, no inode left: stream it (below)
+                failure = e
             else:
-                error = None
                 if reservation is None:
                     return None
                 download = _Download(self._stream(shard), reservation, shard, self.cache_failed)
                 self.downloads[shard.name] = download
                 return download
-        assert error is not None
-        self.cache_failed(error)
+        self.cache_failed(failure)  # out of the lock, which it takes
         return None
 
     def settle(self) -> None:
         with self.lock:
             downloads = list(self.downloads.values())
         for download in downloads:
-            download.wait(download.patience)  # bounded: a download's every wait is
+            download.wait(download.patience)  # a download whose server stalls ends on its own
 
     def _prefetch_after(self, shard: ShardInfo) -> None:
         assert self.cache is not None
