@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from imgshards.cli.main import cli
 from imgshards.converter import read_manifest
 from imgshards.loader import RetryPolicy, ShardDataset, ShardReadError, ShardSource, make_loader
+from imgshards.loader.errors import ConfigError
 
 SIZE = 32
 CHUNK = 8192
@@ -162,6 +163,20 @@ def test_a_file_system_that_ignores_its_timeout_cannot_hang_a_reader(serve, remo
         list(make_loader(ds, num_workers=0))
     patience = RetryPolicy(attempts=1).patience(0.2, CHUNK)
     assert patience <= time.monotonic() - started < patience + SLACK
+
+
+def test_the_timeouts_go_to_the_file_system_and_a_users_own_wins():
+    import aiohttp
+
+    http = ShardSource("https://example.com/ds", timeout=7).storage_options["client_kwargs"]["timeout"]
+    assert (http.sock_connect, http.sock_read, http.total) == (7, 7, None)
+    own = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=99)}, "headers": {"a": "b"}}
+    kept = ShardSource("https://example.com/ds", storage_options=own, timeout=7).storage_options
+    assert kept["client_kwargs"]["timeout"].total == 99 and kept["headers"] == {"a": "b"}
+    s3 = ShardSource("s3://bucket/ds", storage_options={"config_kwargs": {"read_timeout": 5}}, timeout=7)
+    assert s3.storage_options["config_kwargs"] == {"read_timeout": 5, "connect_timeout": 7}
+    with pytest.raises(ConfigError, match="timeout must be a positive number of seconds, got 0"):
+        ShardSource("s3://bucket/ds", timeout=0)
 
 
 # ---- the commands -------------------------------------------------------------------------------
