@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from imgshards.converter import read_manifest
+from imgshards.converter.remotefs import with_timeouts
 
 from .options import format_bytes, plural, shown
-from .storage import PathOrURL, storage_option
+from .storage import PathOrURL, storage_option, timeout_option
 
 __all__ = ["info"]
 
@@ -20,8 +21,11 @@ __all__ = ["info"]
 @click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole index as JSON.")
 @storage_option
-def info(dst: Path | str, as_json: bool, storage_options: dict[str, object]) -> None:
+@timeout_option
+def info(dst: Path | str, as_json: bool, storage_options: dict[str, object], timeout: float) -> None:
     """Describe the packed dataset in DST (directory or URL): classes, splits, formats, balance, rejects."""
+    if isinstance(dst, str):  # a URL: a server that stalls ends the command after --timeout
+        storage_options = with_timeouts(dst, storage_options, timeout)
     manifest = read_manifest(dst, storage_options=storage_options)
     if as_json:
         click.echo(json.dumps(manifest.to_json(), indent=1))

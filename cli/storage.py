@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 import click
 
 from imgshards.converter.locate import INDEX_NAME, is_url, url_typo
+from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
-__all__ = ["PathOrURL", "dataset_dir", "join", "storage_option"]
+__all__ = ["PathOrURL", "dataset_dir", "join", "storage_option", "timeout_option"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +62,19 @@ def storage_option(command: F) -> F:
         help="Option of the URL's fsspec file system, e.g. endpoint_url=http://127.0.0.1:9000 "
         "(repeatable; VALUE is JSON if it parses, else a string; a.b=VALUE nests). Credentials come "
         "from fsspec's and the cloud SDK's usual configuration.",
+    )(command)
+
+
+def timeout_option(command: F) -> F:
+    """Add ``--timeout SECONDS``: how long a request to a URL may wait for the server."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_TIMEOUT,
+        show_default=True,
+        metavar="SECONDS",
+        help="For a URL: seconds a request may wait for the server (to connect, or for more of its "
+        "answer) before the command gives up.",
     )(command)
 
 

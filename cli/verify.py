@@ -12,7 +12,7 @@ from imgshards.converter import verify_url
 
 from .exits import BadData
 from .options import plural, shown
-from .storage import PathOrURL, join, storage_option
+from .storage import PathOrURL, join, storage_option, timeout_option
 
 __all__ = ["verify"]
 
@@ -26,6 +26,7 @@ __all__ = ["verify"]
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; the exit status tells.")
 @storage_option
+@timeout_option
 def verify(
     dst: Path | str,
     splits: tuple[str, ...],
@@ -33,14 +34,18 @@ def verify(
     as_json: bool,
     quiet: bool,
     storage_options: dict[str, object],
+    timeout: float,
 ) -> None:
     """Re-hash and recount every shard in DST (directory or URL) against its index.
 
-    Exit status: 0 every shard matches, 1 a mismatch (the data is bad), 2 cannot run (no index...).
+    Exit status: 0 every shard matches, 1 a mismatch (the data is bad), 2 cannot run (no index, a
+    server that does not answer...).
     """
     chosen = list(splits) or None
     if isinstance(dst, str):
-        report = verify_url(dst, storage_options=storage_options, splits=chosen, workers=workers)
+        report = verify_url(
+            dst, storage_options=storage_options, splits=chosen, workers=workers, timeout=timeout
+        )
     else:
         report = verify_dataset(dst, splits=chosen, workers=workers)
     index = join(dst, "index.json")

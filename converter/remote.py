@@ -31,24 +31,25 @@ functions only; ``import imgshards.converter`` does not need it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
 from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
-from .remotefs import Remote, one_line
+from .remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from .safefs import make_dirs, remove, write_atomic
 from .scan import tree_warnings
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
@@ -121,27 +122,59 @@ def verify_url(
     storage_options: Mapping[str, Any] | None = None,
     splits: list[str] | None = None,
     workers: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> VerifyReport:
     """Like :func:`~imgshards.converter.verify`, for a dataset at a URL: every shard is streamed once.
 
+    ``timeout``: seconds a request may wait for the server, to connect or for more of its answer
+    (:func:`~.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).
+
     Raises:
         ManifestError: the index is missing or unreadable.
+        DestinationError: a shard could not be read for a reason of the network or the server (it
+            stalled past ``timeout``, broke the connection, answered 5xx): nothing is said about the
+            data, so the report is not made. A missing shard is a problem of the report.
 
     """
-    remote = Remote(url, storage_options or {})
-    manifest = read_manifest(url, storage_options=storage_options)
+    options = with_timeouts(url, storage_options, timeout)
+    remote = Remote(url, options)
+    manifest = read_manifest(url, storage_options=options)
     jobs = shard_jobs(manifest, splits)
     num_classes = len(manifest.classes)
 
     def check(job: tuple[str, ShardInfo]) -> tuple[list[str], Counter[int]]:
         split, shard = job
-        opener = partial(remote.fs.open, remote.path(shard.name), "rb", block_size=_READ_BLOCK)
+        opener = partial(_read_shard, remote, shard.name, timeout)
         labels = manifest.split(split).labels
         return check_shard_stream(opener, shard, num_classes, labels, manifest.class_to_idx)
 
     # Threads: the work is waiting on the network and hashing, which releases the GIL.
     with ThreadPoolExecutor(min(workers or 8, max(1, len(jobs)))) as pool:
-        return build_report(manifest, jobs, pool.map(check, jobs))
+        try:
+            return build_report(manifest, jobs, pool.map(check, jobs))
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # the shards not started yet are not read
+            raise
+
+
+@contextlib.contextmanager
+def _read_shard(remote: Remote, name: str, timeout: float) -> Iterator[BinaryIO]:
+    """Open shard ``name`` at the URL; an error of the network or the server is a DestinationError.
+
+    A missing or forbidden shard stays a ``FileNotFoundError`` / ``PermissionError`` (the data's
+    problem, which the report tells); a timeout, a reset or a 5xx says nothing about the data.
+    """
+    try:
+        with remote.fs.open(remote.path(name), "rb", block_size=_READ_BLOCK) as f:
+            yield f
+    except (FileNotFoundError, PermissionError, ImgshardsError):
+        raise
+    except Exception as e:  # the file system's own errors (aiohttp, botocore...), timeouts
+        raise DestinationError(
+            f"cannot read {remote.url}/{name}: {type(e).__name__}: {one_line(e) or 'no answer'} "
+            f"(a request waits {timeout:g} s for the server: --timeout); check the network and the "
+            "server, then run it again"
+        ) from e
 
 
 def write_index_url(

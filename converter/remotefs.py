@@ -17,7 +17,10 @@ from typing import Any, TypeVar
 
 from .errors import DestinationError
 
-__all__ = ["Remote", "check_bucket", "one_line"]
+__all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "one_line", "with_timeouts"]
+
+DEFAULT_TIMEOUT = 20.0
+"""Seconds a remote request may wait for the server: to connect, and for each next piece of its answer."""
 
 # Protocols whose PUT is atomic (a partial object never appears under the final name).
 _ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
@@ -68,6 +71,38 @@ def check_bucket(
             f"cannot reach {url}{at}: {name}: {one_line(e)}; check the network and the endpoint "
             "(storage option endpoint_url; imgshards: -o endpoint_url=URL)"
         ) from None
+
+
+def with_timeouts(url: str, storage_options: Mapping[str, Any] | None, timeout: float) -> dict[str, Any]:
+    """``storage_options`` plus a connect and a read timeout of ``timeout`` seconds for ``url``'s file system.
+
+    Without them a server that stalls mid-answer hangs a read for minutes (aiohttp's default total
+    timeout is 5 minutes; botocore's read timeout 60 s, retried). A timeout the options already set
+    wins. HTTP (aiohttp): ``client_kwargs={"timeout": ClientTimeout(sock_connect=..., sock_read=...)}``,
+    no total (a slow answer that keeps coming is not a stall); S3 (botocore): ``config_kwargs``'s
+    ``connect_timeout`` and ``read_timeout``. Other file systems get no option: the loader bounds its
+    own waits on them (:mod:`imgshards.loader.remote.stream`).
+    """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    options = dict(storage_options or {})
+    protocol = url.partition("://")[0].lower() if "://" in url else ""
+    if protocol in ("http", "https"):
+        try:
+            import aiohttp  # fsspec's HTTP file system needs it anyway
+        except ImportError:
+            return options  # fsspec says which package to install when the file system is made
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault(
+            "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        )
+        options["client_kwargs"] = client
+    elif protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        options["config_kwargs"] = config
+    return options
 
 
 def one_line(e: BaseException) -> str:

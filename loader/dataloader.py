@@ -30,6 +30,7 @@ from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
 from .errors import ConfigError, LoaderTimeoutError, ResumeError
+from .remote.cache import remove_partials
 from .state.checkpoint import STATE_VERSION, check_settings, settings
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -342,6 +343,7 @@ def _wait_for(owner: int, fd: int | None) -> None:
     else:
         while _alive(owner):
             time.sleep(1.0)
+    remove_partials()  # the cache files this worker was writing: no one else would remove them now
     os._exit(0)
 
 

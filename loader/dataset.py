@@ -31,6 +31,7 @@ from .pipeline import passes
 from .pipeline.stagetimes import StageTimes
 from .presets import PRESETS, Transform, preset
 from .remote import ShardSource
+from .remote.stream import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
 from .state.checkpoint import EpochState, Leg, PassPosition
 from .state.cursor import SharedControl
@@ -109,6 +110,9 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         cache_dir: Local directory caching remote shards, shared by workers and ranks of a machine.
         cache_limit: Most bytes the cache directory holds (required with ``cache_dir``).
         prefetch: Shards each worker downloads into the cache ahead of its reading.
+        timeout: Seconds a remote request may wait on the server (to connect, and for each next
+            piece of its answer) before the try fails and is retried; a shard whose tries all stall
+            is unreadable, as above. A timeout set in ``storage_options`` wins.
         decode_on: ``"cuda"`` (nvjpeg and the presets on the GPU), ``"cpu"`` or a :class:`DecodeOn`:
             the workers only read and batch raw bytes, the training process decodes and augments
             (same order and augmentation) and yields normalized images there (:mod:`.device`).
@@ -140,6 +144,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         prefetch: int = 2,
+        timeout: float = DEFAULT_TIMEOUT,
         decode_on: DecodeOn | str | torch.device | None = None,
         raw_stages: Sequence[Stage] | None = None,
         image_stages: Sequence[Stage] | None = None,
@@ -160,9 +165,15 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         rank, world_size = resolve_rank(rank, world_size)
 
         if isinstance(source, ShardSource):
-            if storage_options is not None or cache_dir is not None or cache_limit is not None:
+            if (
+                storage_options is not None
+                or cache_dir is not None
+                or cache_limit is not None
+                or timeout != DEFAULT_TIMEOUT
+            ):
                 raise ConfigError(
-                    "pass storage_options, cache_dir and cache_limit to the ShardSource, not beside it"
+                    "pass storage_options, cache_dir, cache_limit and timeout to the ShardSource, "
+                    "not beside it"
                 )
             self.source = source
         else:
@@ -172,6 +183,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
                 cache_dir=cache_dir,
                 cache_limit=cache_limit,
                 prefetch=prefetch,
+                timeout=timeout,
             )
         self.root: Path | str = self.source.root if self.source.remote else Path(self.source.root)
         self.manifest: Manifest = read_manifest(self.root, storage_options=self.source.storage_options)

@@ -93,6 +93,8 @@ SHARED_WITH_THE_LOADER = {
     "imgshards.converter.headers",
     "imgshards.converter.tarstream",
     "imgshards.converter.tarsamples",
+    # The timeouts a URL's file system is given (with_timeouts): the index is read with them too.
+    "imgshards.converter.remotefs",
 }
 
 
@@ -120,6 +122,7 @@ def test_core_dependencies_are_exactly_what_the_packages_import():
     core = _modules(project["dependencies"])
     extras = _modules(project["optional-dependencies"]["plot"])  # imported only by `bench --plot`
     extras |= _modules(project["optional-dependencies"]["ray"])  # only by `pack --engine ray`
+    extras |= _modules(project["optional-dependencies"]["http"])  # only for http(s):// URLs (timeouts)
     imported = (
         {m.split(".")[0] for folder in ("converter", "loader", "cli") for m in _imports(folder)}
         - set(sys.stdlib_module_names)

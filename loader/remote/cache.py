@@ -26,7 +26,9 @@ Invariants, held by every process that uses the directory with the same ``limit`
    skips shards it cannot lock exclusively. (A reader that opened a shard just before it was
    evicted still reads it whole from its open file.)
 5. **The cache never blocks reading.** When no room can be made (the shard is larger than the
-   limit, or everything else is being read or written), the shard is streamed without caching.
+   limit, or everything else is being read or written), the shard is streamed without caching; so
+   it is when the directory cannot be written (read-only, or its disk full: the reader of
+   :mod:`.source` says so once, and reads on from the server).
 
 The lock on ``CACHE/.lock`` is a POSIX record lock (``lockf``) taken under a lock of the process:
 unlike an ``flock``, it is not inherited by a DataLoader worker forked while a thread of the parent
@@ -53,7 +55,7 @@ from typing import BinaryIO
 
 from imgshards.converter.manifest import check_name
 
-__all__ = ["CacheEntry", "Reservation", "ShardCache"]
+__all__ = ["CacheEntry", "Reservation", "ShardCache", "remove_partials"]
 
 _LOCK_NAME = ".lock"
 _PARTIAL = ".partial"
@@ -65,9 +67,29 @@ _counter_lock = threading.Lock()
 _process_lock = threading.Lock()
 
 
+# The partial files this process writes, for remove_partials() (a forked child writes none of them).
+_partials: set[Path] = set()
+_partials_lock = threading.Lock()
+
+
 def _after_fork() -> None:
-    global _process_lock
+    global _process_lock, _partials_lock
     _process_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+    _partials_lock = threading.Lock()
+    _partials.clear()
+
+
+def remove_partials() -> None:
+    """Remove the partial files this process is writing, just before it ends without unwinding.
+
+    For a process that is about to ``os._exit`` (a DataLoader worker whose training process died):
+    its download threads never get to abort their reservations.
+    """
+    with _partials_lock:
+        for path in _partials:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        _partials.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -102,6 +124,8 @@ class Reservation:
         self._cache = cache
         self._fd: int | None = fd
         self.written = 0
+        with _partials_lock:
+            _partials.add(partial)
 
     def write(self, data: memoryview | bytes) -> None:
         """Append ``data`` (never past the reserved size)."""
@@ -144,6 +168,8 @@ class Reservation:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+            with _partials_lock:
+                _partials.discard(self.partial)
 
 
 class ShardCache:
@@ -184,7 +210,9 @@ class ShardCache:
         except FileNotFoundError:
             return None
         fcntl.flock(f, fcntl.LOCK_SH)  # held until the reader closes the file
-        with contextlib.suppress(FileNotFoundError):  # evicted between open and flock: still whole
+        # Evicted between open and flock: still whole. A read-only cache directory serves its shards
+        # without recording the use.
+        with contextlib.suppress(OSError):
             os.utime(path)
         return f
 

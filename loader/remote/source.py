@@ -17,26 +17,36 @@ downloads of the next ``prefetch`` shards of that order in the background.
 
 A source is made in the main process and pickled into DataLoader workers; the file system object,
 the downloads and the threads are made in each process on first use.
+
+Faults that end no epoch: a cache directory that cannot be written (read-only, or its disk full)
+turns caching off in the process, with one warning, and every shard is streamed past it (one cut
+short by a full disk goes on from the server at the byte where the cache stopped). A DataLoader
+worker whose parent dies while it waits on the network removes the partial cache files it is
+writing and ends, instead of outliving the training as an orphan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+import select
 import threading
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from hashlib import sha256
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
+from imgshards.converter.remotefs import with_timeouts
 
 from ..errors import ConfigError, ShardReadError
-from .cache import Reservation, ShardCache
-from .stream import DEFAULT_CHUNK_SIZE, RangeReader, RetryPolicy, SeekableRawReader
+from .cache import Reservation, ShardCache, remove_partials
+from .stream import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
 
@@ -52,13 +62,18 @@ class ShardSource:
         root: Directory or URL (``s3://bucket/prefix``, ``gs://...``, ``https://host/path``...) of
             the packed dataset.
         storage_options: Passed to the fsspec file system (endpoint, credentials, client
-            options); fsspec's own configuration applies as usual.
+            options); fsspec's own configuration applies as usual. :attr:`storage_options` holds
+            them with the timeouts added.
         cache_dir: Directory of the local shard cache (URLs only); None streams every shard.
         cache_limit: Most bytes the cache directory may hold; required with ``cache_dir``.
         prefetch: Shards ahead of the reader that are downloaded into the cache in the background.
         chunk_size: Bytes per ranged request.
         readahead: Requests in flight per shard being read.
         retry: How a failing request is repeated.
+        timeout: Seconds a request may wait on the server, to connect and for each next piece of
+            its answer, before the try fails (and is retried as ``retry`` says): given to the file
+            system (:func:`~imgshards.converter.remotefs.with_timeouts`; a timeout set in
+            ``storage_options`` wins), and bounding every wait of the reader too.
 
     """
 
@@ -73,6 +88,7 @@ class ShardSource:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         readahead: int = 2,
         retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.remote = is_url(root)
         self.root: str = str(root).rstrip("/") if self.remote else str(local_path(root))
@@ -85,7 +101,14 @@ class ShardSource:
                 "need prefetch >= 0, chunk_size >= 1 and readahead >= 1; "
                 f"got {prefetch}, {chunk_size}, {readahead}"
             )
-        self.storage_options = dict(storage_options or {})
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout}")
+        self.timeout = float(timeout)
+        self.storage_options = (
+            with_timeouts(self.root, storage_options, self.timeout)
+            if self.remote
+            else dict(storage_options or {})
+        )
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.cache_limit = cache_limit
         self.prefetch = prefetch
@@ -185,12 +208,17 @@ class _ProcessState:
         except ImportError as e:
             raise ConfigError(f"cannot read {source.root}: {e}") from e
         self.path = self.path.rstrip("/")
-        self.cache = (
-            ShardCache(source.cache_dir, source.cache_limit)
-            if source.cache_dir is not None and source.cache_limit is not None
-            else None
-        )
         self.lock = threading.Lock()
+        self.cache: ShardCache | None = None
+        self.writes_cache = False  # whether shards are still written into the cache
+        if source.cache_dir is not None and source.cache_limit is not None:
+            try:
+                self.cache = ShardCache(source.cache_dir, source.cache_limit)
+                self.writes_cache = True
+            except OSError as e:  # cannot create it (a read-only file system, no permission)
+                self.cache_failed(e)
+        if _in_dataloader_worker():
+            _end_with_parent()
         self.downloads: dict[str, _Download] = {}
         self.order: list[ShardInfo] = []
         self.position: dict[str, int] = {}
@@ -227,7 +255,7 @@ class _ProcessState:
                 return cached
             download = self._download(shard)
             if download is not None:
-                return io.BufferedReader(_TailReader(download), _READ_BUFFER)
+                return io.BufferedReader(_TailReader(download, lambda: self._stream(shard)), _READ_BUFFER)
         return io.BufferedReader(self._stream(shard), _READ_BUFFER)
 
     def _stream(self, shard: ShardInfo) -> RangeReader:
@@ -239,6 +267,20 @@ class _ProcessState:
             chunk_size=self.source.chunk_size,
             readahead=self.source.readahead,
             retry=self.source.retry,
+            timeout=self.source.timeout,
+        )
+
+    def cache_failed(self, error: OSError) -> None:
+        """Stop writing the cache in this process (it cannot be written), saying so once."""
+        with self.lock:
+            if self.cache is not None and not self.writes_cache:
+                return
+            self.writes_cache = False
+        warnings.warn(
+            f"cannot write the shard cache {self.source.cache_dir} ({error.strerror or error}): this "
+            "process streams shards without caching them from now on (cached shards are still read)",
+            RuntimeWarning,
+            stacklevel=2,
         )
 
     def _download(self, shard: ShardInfo) -> _Download | None:
@@ -248,18 +290,26 @@ class _ProcessState:
             download = self.downloads.get(shard.name)
             if download is not None and not download.failed:
                 return download
-            reservation = self.cache.reserve(shard.name, shard.sha256, shard.bytes)
-            if reservation is None:
+            if not self.writes_cache:
                 return None
-            download = _Download(self._stream(shard), reservation, shard)
-            self.downloads[shard.name] = download
-            return download
+            try:
+                reservation = self.cache.reserve(shard.name, shard.sha256, shard.bytes)
+            except OSError as e:  # read-only, no permission, no inode left: stream it (below)
+                failure = e
+            else:
+                if reservation is None:
+                    return None
+                download = _Download(self._stream(shard), reservation, shard, self.cache_failed)
+                self.downloads[shard.name] = download
+                return download
+        self.cache_failed(failure)  # out of the lock, which it takes
+        return None
 
     def settle(self) -> None:
         with self.lock:
             downloads = list(self.downloads.values())
         for download in downloads:
-            download.wait()
+            download.wait(download.patience)  # a download whose server stalls ends on its own
 
     def _prefetch_after(self, shard: ShardInfo) -> None:
         assert self.cache is not None
@@ -274,13 +324,22 @@ class _ProcessState:
 class _Download:
     """A thread streaming one shard into its cache reservation; readers wait on its progress."""
 
-    def __init__(self, stream: RangeReader, reservation: Reservation, shard: ShardInfo) -> None:
+    def __init__(
+        self,
+        stream: RangeReader,
+        reservation: Reservation,
+        shard: ShardInfo,
+        on_cache_error: Callable[[OSError], None],
+    ) -> None:
         self.shard = shard
         self.size = shard.bytes
         self.path = reservation.partial
         self.written = 0
         self.done = False
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the shard cannot be read
+        self.cache_error: OSError | None = None  # the cache cannot be written: stream the rest
+        self.patience = stream.patience  # longest wait for the next chunk
+        self._on_cache_error = on_cache_error
         self._stream = stream
         self._reservation = reservation
         self._cond = threading.Condition()
@@ -295,13 +354,14 @@ class _Download:
         digest = sha256()
         try:
             for chunk in self._stream.chunks():
-                self._reservation.write(chunk)
+                if not self._cached(self._reservation.write, chunk):
+                    return
                 digest.update(chunk)
                 with self._cond:
                     self.written += len(chunk)
                     self._cond.notify_all()
             if digest.hexdigest() == self.shard.sha256:
-                self._reservation.commit()
+                self._cached(self._reservation.commit)
             else:
                 self._reservation.abort()
                 warnings.warn(
@@ -319,16 +379,38 @@ class _Download:
                 self.done = True
                 self._cond.notify_all()
 
-    def wait(self) -> None:
+    def _cached(self, write: Callable[..., None], *args: Any) -> bool:
+        """Call ``write`` (into the cache); on an error of the disk, end the download. Say if it went."""
+        try:
+            write(*args)
+        except OSError as e:  # the disk is full, the directory went read-only...
+            self.cache_error = e
+            with contextlib.suppress(OSError):
+                self._reservation.abort()
+            self._on_cache_error(e)
+            return False
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the download to end; say whether it did."""
         with self._cond:
-            while not self.done:
-                self._cond.wait()
+            return self._cond.wait_for(lambda: self.done, timeout)
 
     def available(self, pos: int) -> int:
-        """Wait until byte ``pos`` is written (or the download ended); return the bytes written."""
+        """Wait until byte ``pos`` is written (or the download ended); return the bytes written.
+
+        Raises:
+            ShardReadError: the shard cannot be read, or no chunk came for :attr:`patience` seconds.
+
+        """
         with self._cond:
             while self.written <= pos and not self.done:
-                self._cond.wait()
+                written = self.written
+                if not self._cond.wait(self.patience) and self.written == written and not self.done:
+                    raise ShardReadError(
+                        f"shard {self._stream.name}: no bytes after byte {written} in {self.patience:.0f} s",
+                        shard=self._stream.name,
+                    )
             if self.written <= pos and self.error is not None:
                 raise ShardReadError(str(self.error), shard=self._stream.name) from self.error
             return self.written
@@ -342,19 +424,84 @@ class _Download:
 
 
 class _TailReader(SeekableRawReader):
-    """Reads a shard from the partial file its download is writing, waiting for bytes not yet there."""
+    """Reads a shard from the partial file its download is writing, waiting for bytes not yet there.
 
-    def __init__(self, download: _Download) -> None:
+    Past the bytes of a download the cache stopped (a full disk), reads from ``restream()``.
+    """
+
+    def __init__(self, download: _Download, restream: Callable[[], RangeReader]) -> None:
         super().__init__(download.size, download.shard.name)
         self._download = download
+        self._restream = restream
+        self._rest: RangeReader | None = None
 
     def readinto(self, b: Any) -> int:
         if self._pos >= self._size:
             return 0
         written = self._download.available(self._pos)
         out = memoryview(b).cast("B")[: written - self._pos]
-        if not out:
+        if out:
+            n = self._download.pread(out, self._pos)
+            self._pos += n
+            return n
+        if self._download.cache_error is None:
             return 0  # the download ended short of this byte
-        n = self._download.pread(out, self._pos)
+        if self._rest is None:
+            self._rest = self._restream()
+        self._rest.seek(self._pos)
+        n = self._rest.readinto(b)
         self._pos += n
         return n
+
+    def close(self) -> None:
+        """Close the stream past the cache, if one was opened."""
+        if self._rest is not None:
+            self._rest.close()
+        super().close()
+
+
+def _in_dataloader_worker() -> bool:
+    from torch.utils.data import get_worker_info  # the loader imports torch already
+
+    return get_worker_info() is not None
+
+
+_watched_parent: int | None = None  # the parent this process watches (per process: reset on fork)
+
+
+def _end_with_parent() -> None:
+    """In a DataLoader worker: when its parent ends, remove the partial cache files and end.
+
+    DataLoader's own watchdog looks at the parent between batches only, never while the worker waits
+    on the network inside a batch; a daemon thread waits for the parent (on a pidfd where the OS
+    has them, else a check twice a second). A worker started from a forkserver has the server as its
+    parent: ``make_loader`` watches the training process for those.
+    """
+    global _watched_parent
+    parent = os.getppid()
+    if _watched_parent == parent:
+        return
+    _watched_parent = parent
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # not Linux; or the parent is gone already
+        fd = None
+    threading.Thread(target=_wait_for_parent, args=(parent, fd), name="imgshards-parent", daemon=True).start()
+
+
+def _wait_for_parent(parent: int, fd: int | None) -> None:
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+    remove_partials()
+    os._exit(0)
+
+
+def _after_fork() -> None:
+    global _watched_parent
+    _watched_parent = None
+
+
+os.register_at_fork(after_in_child=_after_fork)

@@ -12,10 +12,18 @@ connection neither restarts the shard nor repeats a sample. A range that still f
 :attr:`RetryPolicy.attempts` tries raises :class:`~imgshards.loader.errors.ShardReadError` naming
 the shard, the byte range and the last error; an error retrying cannot fix (missing object, no
 permission, another 4xx) raises it at once.
+
+A request that stalls is such a transient error: the file system's own connect and read timeouts
+(``timeout`` seconds, given to it as storage options: see
+:func:`imgshards.converter.remotefs.with_timeouts`) end a try whose server stops answering. Every
+wait on a request is bounded here as well, so a file system that ignores those options cannot hang
+a reader either: a range whose tries have not ended after :meth:`RetryPolicy.patience` seconds
+raises :class:`~imgshards.loader.errors.ShardReadError` (its fetch thread is left to end on its own).
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -25,16 +33,30 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from imgshards.converter.remotefs import DEFAULT_TIMEOUT
+
 from ..errors import ShardReadError
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "Fetch", "RangeReader", "RetryPolicy", "SeekableRawReader", "is_transient"]
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_TIMEOUT",
+    "Fetch",
+    "RangeReader",
+    "RetryPolicy",
+    "SeekableRawReader",
+    "is_transient",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 8 << 20
+# The slowest answer that is not a stall, for the bound on waits: a try may take ``2 x timeout``
+# (to connect, then one pause) plus its bytes at this rate.
+_SLOWEST_RATE = 64 << 10  # bytes per second
 # Fetch threads per process, shared by every open stream of that process (a DataLoader worker reads
 # up to 16 shards at once while it interleaves them).
 _FETCH_THREADS = 16
@@ -80,6 +102,15 @@ class RetryPolicy:
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failed try."""
         return min(self.max_backoff, self.backoff * 2 ** (failures - 1))
+
+    def patience(self, timeout: float, size: int) -> float:
+        """Longest wait for a range of ``size`` bytes, every try and backoff included.
+
+        Each try gets ``2 x timeout`` (to connect, then one pause of the answer) plus its bytes at
+        64 KiB/s: a file system that honours its ``timeout`` ends a stalled try long before.
+        """
+        per_try = 2 * timeout + size / _SLOWEST_RATE
+        return self.attempts * per_try + sum(self.delay(i) for i in range(1, self.attempts))
 
 
 def is_transient(error: BaseException) -> bool:
@@ -137,6 +168,8 @@ class RangeReader(SeekableRawReader):
         chunk_size: Bytes per request.
         readahead: Requests in flight ahead of the read position.
         retry: How a failing request is repeated.
+        timeout: Seconds the file system behind ``fetch`` is told a request may wait on the server;
+            bounds every wait here too (:meth:`RetryPolicy.patience`).
 
     """
 
@@ -149,14 +182,18 @@ class RangeReader(SeekableRawReader):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         readahead: int = 2,
         retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         super().__init__(size, name)
         if chunk_size < 1 or readahead < 1:
             raise ValueError(f"chunk_size and readahead must be >= 1, got {chunk_size}, {readahead}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self._fetch = fetch
         self._chunk_size = chunk_size
         self._readahead = readahead
         self._retry = retry or RetryPolicy()
+        self.patience = self._retry.patience(timeout, chunk_size)
         self._buf = memoryview(b"")
         self._buf_start = 0
         self._pending: deque[tuple[int, int, Future[bytes]]] = deque()
@@ -208,9 +245,18 @@ class RangeReader(SeekableRawReader):
             self._pending.clear()
             self._next = pos
         self._request()
-        start, _, future = self._pending.popleft()
+        start, end, future = self._pending.popleft()
         self._request()  # keep `readahead` requests in flight while this one is read
-        self._buf, self._buf_start = memoryview(future.result()), start
+        try:
+            data = future.result(timeout=self.patience)
+        except FutureTimeout:
+            future.cancel()
+            raise ShardReadError(
+                f"shard {self.name}: no answer for bytes {start}-{end} in {self.patience:.0f} s "
+                "(the server stalls, and its file system ignores the timeout it was given)",
+                shard=self.name,
+            ) from None
+        self._buf, self._buf_start = memoryview(data), start
         return self._buf
 
     def _request(self) -> None:
@@ -249,8 +295,16 @@ class RangeReader(SeekableRawReader):
                     shard=self.name,
                 ) from error
             self.retries += 1
-            log.info("retrying bytes %d-%d of %s after %s", start, end, self.name, _describe(error))
+            # A stall is worth a line where logging is not set up (Python prints warnings then): the
+            # reader waited a whole timeout, with nothing to show for it.
+            level = logging.WARNING if _is_timeout(error) else logging.INFO
+            log.log(level, "retrying bytes %d-%d of %s after %s", start, end, self.name, _describe(error))
             time.sleep(self._retry.delay(failures))
+
+
+def _is_timeout(error: BaseException) -> bool:
+    """Whether ``error`` is a try that timed out (asyncio's and aiohttp's, botocore's ReadTimeoutError...)."""
+    return isinstance(error, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(error).__name__
 
 
 def _describe(error: BaseException) -> str:

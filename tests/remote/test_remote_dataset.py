@@ -188,7 +188,9 @@ def test_a_missing_shard_fails_at_construction(s3, remote_tree):
 
 
 def test_source_options_go_in_one_place(remote_packed, tmp_path):
-    with pytest.raises(Exception, match="pass storage_options, cache_dir and cache_limit to the ShardSource"):
+    with pytest.raises(
+        Exception, match="pass storage_options, cache_dir, cache_limit and timeout to the ShardSource"
+    ):
         ShardDataset(ShardSource(str(remote_packed)), cache_dir=tmp_path, cache_limit=10)
     local = ShardDataset(Path(remote_packed))
     assert local.root == Path(remote_packed) and not local.source.remote

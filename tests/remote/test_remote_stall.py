@@ -1,0 +1,335 @@
+"""A server that stalls mid-answer, and a cache that cannot be written (issue 21), against real parts.
+
+The server is a real HTTP server on 127.0.0.1 serving shards packed by the real ``pack``: for the files
+it is told to stall it sends the headers and the first bytes of the body, then nothing until the test
+ends. The read-only and the full cache directory are real file systems where the OS allows it: a tmpfs
+mounted in a private mount namespace (``unshare``); else the test is skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from imgshards.cli.main import cli
+from imgshards.converter import read_manifest
+from imgshards.loader import RetryPolicy, ShardDataset, ShardReadError, ShardSource, make_loader
+from imgshards.loader.errors import ConfigError
+
+SIZE = 32
+CHUNK = 8192
+TIMEOUT = 1.0
+ATTEMPTS = 3
+RETRY = RetryPolicy(attempts=ATTEMPTS, backoff=0.05, max_backoff=0.1)
+SLACK = 3.0  # seconds past the timeouts for starting up and reading the shards that do not stall
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+
+
+class _StallHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a directory with byte ranges; a GET of a file named in ``stall`` sends 100 bytes, then waits."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    root: Path
+    stall: tuple[str, ...]
+    release: threading.Event
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, directory=str(self.root), **kwargs)
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = Path(self.translate_path(self.path))
+        if not path.is_file():
+            return super().do_GET()  # the directory listing
+        data = path.read_bytes()
+        match = _RANGE.fullmatch(self.headers.get("Range", ""))
+        lo, hi = 0, len(data)
+        if match:
+            lo, hi = int(match.group(1)), min(int(match.group(2) or len(data) - 1) + 1, len(data))
+        self.send_response(206 if match else 200)
+        self.send_header("Content-Length", str(hi - lo))
+        if match:
+            self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
+        self.end_headers()
+        if not path.name.endswith(self.stall):
+            self.wfile.write(data[lo:hi])
+            return
+        self.wfile.write(data[lo : min(hi, lo + 100)])  # part of the body, then a stall
+        self.wfile.flush()
+        self.release.wait(60)
+        self.close_connection = True
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that gave up on a stalled answer
+
+
+@contextlib.contextmanager
+def stalling_server(root: Path, stall: tuple[str, ...]) -> Iterator[str]:
+    release = threading.Event()
+    handler = type("Handler", (_StallHandler,), {"root": root, "stall": stall, "release": release})
+    server = _Server(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def serve():
+    """``serve(root, stall=(suffix, ...))``: the base URL of a server stalling those files."""
+    with contextlib.ExitStack() as stack:
+        yield lambda root, stall=(): stack.enter_context(stalling_server(Path(root), tuple(stall)))
+
+
+def source(url: str, **kwargs) -> ShardSource:
+    return ShardSource(url, chunk_size=CHUNK, timeout=TIMEOUT, retry=RETRY, **kwargs)
+
+
+def dataset(src: ShardSource, **kwargs) -> ShardDataset:
+    kwargs.setdefault("mode", "eval")
+    return ShardDataset(src, transform="eval", image_size=SIZE, batch_size=8, **kwargs)
+
+
+# ---- the loader ---------------------------------------------------------------------------------
+
+
+def test_a_stall_raises_shard_read_error_after_the_retries_in_train_mode(serve, remote_packed):
+    base = serve(remote_packed, stall=(".tar",))
+    ds = dataset(source(base), mode="train", on_error="raise")
+    started = time.monotonic()
+    with pytest.raises(ShardReadError, match=rf"failed {ATTEMPTS} times; last error: .*Timeout"):
+        list(make_loader(ds, num_workers=0))
+    took = time.monotonic() - started
+    assert ATTEMPTS * TIMEOUT <= took < ATTEMPTS * TIMEOUT + SLACK
+
+
+def test_a_stalled_shard_is_counted_unreadable_in_eval_mode(serve, remote_packed):
+    shards = read_manifest(remote_packed).split("train").shards
+    bad = shards[2]
+    base = serve(remote_packed, stall=(bad.name,))
+    ds = dataset(source(base), on_error="skip")
+    started = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = sum(len(labels) for _, labels in make_loader(ds, num_workers=0))
+    took = time.monotonic() - started
+    assert ds.unreadable_shards == 1 and ds.lost_samples == bad.samples
+    assert samples == ds.num_samples - bad.samples
+    assert any(bad.name in str(w.message) for w in caught)
+    assert took < ATTEMPTS * TIMEOUT + SLACK
+
+
+def test_a_file_system_that_ignores_its_timeout_cannot_hang_a_reader(serve, remote_packed):
+    # A timeout set in the options wins over the source's: here none at all (aiohttp's default is 5
+    # minutes), as a file system that ignores what it is given. The reader's own bound ends it.
+    import aiohttp
+
+    base = serve(remote_packed, stall=(".tar",))
+    options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None)}}
+    src = ShardSource(
+        base, storage_options=options, chunk_size=CHUNK, timeout=0.2, retry=RetryPolicy(attempts=1)
+    )
+    ds = dataset(src, on_error="raise")
+    started = time.monotonic()
+    with pytest.raises(ShardReadError, match="no answer for bytes 0-8192"):
+        list(make_loader(ds, num_workers=0))
+    patience = RetryPolicy(attempts=1).patience(0.2, CHUNK)
+    assert patience <= time.monotonic() - started < patience + SLACK
+
+
+def test_the_timeouts_go_to_the_file_system_and_a_users_own_wins():
+    import aiohttp
+
+    http = ShardSource("https://example.com/ds", timeout=7).storage_options["client_kwargs"]["timeout"]
+    assert (http.sock_connect, http.sock_read, http.total) == (7, 7, None)
+    own = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=99)}, "headers": {"a": "b"}}
+    kept = ShardSource("https://example.com/ds", storage_options=own, timeout=7).storage_options
+    assert kept["client_kwargs"]["timeout"].total == 99 and kept["headers"] == {"a": "b"}
+    s3 = ShardSource("s3://bucket/ds", storage_options={"config_kwargs": {"read_timeout": 5}}, timeout=7)
+    assert s3.storage_options["config_kwargs"] == {"read_timeout": 5, "connect_timeout": 7}
+    with pytest.raises(ConfigError, match="timeout must be a positive number of seconds, got 0"):
+        ShardSource("s3://bucket/ds", timeout=0)
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+
+def one_line_error(result) -> str:
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("command", "stall"), [("info", "index.json"), ("verify", ".tar")])
+def test_info_and_verify_on_a_stalled_url_end_in_one_line(serve, remote_packed, command, stall):
+    base = serve(remote_packed, stall=(stall,))
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, [command, base, "--timeout", str(TIMEOUT)])
+    took = time.monotonic() - started
+    assert result.exit_code == 2, result.output
+    assert re.match(rf"Error: cannot read {base}/\S+: .*Timeout", one_line_error(result))
+    assert took < 2 * TIMEOUT + SLACK
+
+
+# ---- a training process killed while its workers wait on the server -----------------------------
+
+_TRAINING = """
+import sys
+from imgshards.loader import ShardDataset, make_loader
+
+if __name__ == "__main__":  # workers may start from a forkserver, which imports this module
+    url, cache, start = sys.argv[1], sys.argv[2], sys.argv[3]
+    ds = ShardDataset(url, cache_dir=cache, cache_limit=10**8, timeout=60, image_size=32, batch_size=8)
+    for batch in make_loader(ds, num_workers=2, multiprocessing_context=None if start == "-" else start):
+        pass
+"""
+
+
+# The loader's choice (a forkserver: fsspec runs a thread in the training process), and fork: a
+# worker whose parent is the training process itself, which DataLoader's watchdog does not check
+# while the worker waits inside a batch.
+@pytest.mark.parametrize("start", ["-", "fork"])
+def test_sigterm_ends_the_workers_waiting_on_a_stall_and_removes_their_partial_files(
+    serve, remote_packed, tmp_path, start
+):
+    base = serve(remote_packed, stall=(".tar",))
+    cache = tmp_path / "cache"
+    script = tmp_path / "train.py"
+    script.write_text(_TRAINING)
+    training = subprocess.Popen(
+        [sys.executable, str(script), base, str(cache), start], stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        # The workers wait on the server once their downloads into the cache have begun.
+        while not (cache.is_dir() and list(cache.glob("*.partial"))):
+            assert training.poll() is None, training.stderr.read().decode()  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "no download started"
+            time.sleep(0.1)
+        family = psutil.Process(training.pid).children(recursive=True)
+        assert len(family) >= 2  # the workers (and a forkserver, a resource tracker)
+        time.sleep(0.5)
+        training.send_signal(signal.SIGTERM)
+        training.wait(10)
+        ended = time.monotonic()
+        while time.monotonic() < ended + 10 and (_alive(family) or list(cache.glob("*.partial"))):
+            time.sleep(0.1)
+        assert not _alive(family), [p.cmdline() for p in _alive(family)]
+        assert not list(cache.glob("*.partial"))
+    finally:
+        training.kill()
+        training.wait()
+        for p in _alive(psutil.Process().children(recursive=True)):
+            if p.pid != training.pid:
+                p.kill()
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+    return alive
+
+
+# ---- a cache directory that cannot be written -----------------------------------------------------
+
+_READ_WITH_CACHE = """
+import json, os, sys, warnings
+from imgshards.loader import ShardDataset, ShardSource, make_loader
+
+url, cache = sys.argv[1], sys.argv[2]
+source = ShardSource(url, chunk_size=8192, cache_dir=cache, cache_limit=10**8)
+ds = ShardDataset(source, mode="eval", transform="eval", image_size=32, batch_size=8)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    samples = sum(len(labels) for _, labels in make_loader(ds, num_workers=0))
+print(json.dumps({
+    "samples": samples, "expected": ds.num_samples, "unreadable": ds.unreadable_shards,
+    "lost": ds.lost_samples, "warnings": [str(w.message) for w in caught],
+    "files": sorted(os.listdir(cache)) if os.path.isdir(cache) else None,
+}))
+"""
+
+
+@pytest.fixture(scope="session")
+def private_mounts() -> str:
+    """The ``unshare`` that runs a command in a mount namespace of its own, or skip saying why not."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare (util-linux) to mount a small tmpfs as the cache directory")
+    probe = subprocess.run([unshare, "-Urm", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here ({probe.stderr.strip()}): no small tmpfs to fill")
+    return unshare
+
+
+def read_with_cache_on(tmpfs_options: str, unshare: str, url: str, tmp_path: Path) -> dict:
+    """Read the dataset at ``url`` once, the cache on a tmpfs mounted with ``tmpfs_options``."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    script = tmp_path / "read.py"
+    script.write_text(_READ_WITH_CACHE)
+    mount = f'mount -t tmpfs -o {tmpfs_options} tmpfs "$1" && exec "$2" "$3" "$4" "$1"'
+    result = subprocess.run(
+        [unshare, "-Urm", "sh", "-c", mount, "sh", str(cache), sys.executable, str(script), url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def cache_warnings(report: dict) -> list[str]:
+    return [w for w in report["warnings"] if "cannot write the shard cache" in w]
+
+
+def test_a_read_only_cache_directory_streams_past_it_saying_so_once(
+    serve, remote_packed, tmp_path, private_mounts
+):
+    report = read_with_cache_on("ro,size=1m", private_mounts, serve(remote_packed), tmp_path)
+    assert report["samples"] == report["expected"] and report["unreadable"] == report["lost"] == 0
+    (line,) = cache_warnings(report)
+    assert "Read-only file system" in line
+    assert report["files"] == []
+
+
+def test_a_full_cache_disk_streams_past_it_saying_so_once(serve, remote_packed, tmp_path, private_mounts):
+    # Room for about two of the ~30 kB shards: the third one's writes fail with ENOSPC midway.
+    report = read_with_cache_on("size=64k", private_mounts, serve(remote_packed), tmp_path)
+    assert report["samples"] == report["expected"] and report["unreadable"] == report["lost"] == 0
+    (line,) = cache_warnings(report)
+    assert "No space left on device" in line
+    assert report["files"] and not [f for f in report["files"] if f.endswith(".partial")]
