@@ -96,7 +96,8 @@ def pack_to_url(
         raise DestinationError(f"--engine ray with a URL ({url}) needs --staging DIR, one every node sees")
     if config.strict and (suspicious := tree_warnings(src, dst=url)):  # before the check's network call
         raise SourceError(f"refused (strict): {suspicious[0]}")
-    remote = Remote(url, storage_options or {})
+    # Every request of the pack waits at most DEFAULT_TIMEOUT on the server, then is retried.
+    remote = Remote(url, with_timeouts(url, storage_options, DEFAULT_TIMEOUT))
     remote.check()  # in a second or two, before the tree is read: unreachable, no bucket, no access
     own_staging = staging is None
     stage = Path(tempfile.mkdtemp(prefix="imgshards-pack-")) if staging is None else Path(staging)
@@ -186,7 +187,7 @@ def write_index_url(
         DestinationError: a write kept failing.
 
     """
-    remote = Remote(url, storage_options or {})
+    remote = Remote(url, with_timeouts(url, storage_options, DEFAULT_TIMEOUT))
     remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
     remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
 

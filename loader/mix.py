@@ -29,6 +29,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from imgshards.converter.manifest import read_manifest
+from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
 from .batch import Batch, BufferPool
 from .dataset import ShardDataset
@@ -103,7 +104,7 @@ class MixedDataset(ShardDataset):
             raise ConfigError(
                 "a mix is for training (mode='train', no drop_last): evaluate each dataset on its own"
             )
-        sizes = [_samples(s, split, options.get("storage_options")) for s in sources]
+        sizes = [_samples(s, split, options.get("storage_options"), options.get("timeout")) for s in sources]
         self.weights = tuple(float(w) for w in (weights or sizes))
         if len(self.weights) != len(sources):
             raise ConfigError(f"{len(self.weights)} weights for {len(sources)} sources")
@@ -202,7 +203,9 @@ class MixedDataset(ShardDataset):
         )
 
 
-def _samples(source: Source, split: str, storage_options: Any) -> int:
-    if isinstance(source, ShardSource):
+def _samples(source: Source, split: str, storage_options: Any, timeout: float | None) -> int:
+    if isinstance(source, ShardSource):  # its options hold its timeouts
         return read_manifest(source.root, storage_options=source.storage_options).split(split).samples
-    return read_manifest(source, storage_options=storage_options).split(split).samples
+    # The index of a URL is read with the timeouts its ShardDataset will read the shards with.
+    source = ShardSource(source, storage_options=storage_options, timeout=timeout or DEFAULT_TIMEOUT)
+    return read_manifest(source.root, storage_options=source.storage_options).split(split).samples
