@@ -23,7 +23,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader
 
 from .batch import Batch, pool_token
@@ -116,8 +115,9 @@ class ShardLoader:
         # With dataset.decode_on the workers send raw batches, decoded here (device.py).
         self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
         self._loaded = False  # a state was loaded: an eval pass resumes too
-        # Worker batch buffers handed out, to give back once nothing here refers to them.
-        self._lent: list[tuple[StorageWeakRef, int]] = []
+        # Worker batch buffers handed out, to give back once nothing here refers to them: the
+        # storage, its token, and the references to it that are not a batch's (see _give_back).
+        self._lent: list[tuple[torch.UntypedStorage, int, int]] = []
 
     @property
     def num_workers(self) -> int:
@@ -145,6 +145,7 @@ class ShardLoader:
         counts = (ds.corrupt_skipped, ds.lost_samples, ds.filtered_samples)
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
+            ds.forget_buffers()
         done = delivered >= total
         if self.num_workers > 0:
             # Read only when workers start (the first pass, or every pass without persistent workers).
@@ -159,7 +160,7 @@ class ShardLoader:
             # Only the workers' own batches come from their buffer pools; decoded ones never do.
             token = pool_token(batch.images) if self.decoder is None else None
             if token is not None:
-                self._lent.append((StorageWeakRef(batch.images.untyped_storage()), token))
+                self._lent.append(self._lend(batch.images.untyped_storage(), token))
             delivered = cursor.deliver()  # the one record: an interrupted pass resumes here
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
@@ -210,14 +211,22 @@ class ShardLoader:
         ds.cursor.finish_epoch()
         return True
 
+    def _lend(self, storage: torch.UntypedStorage, token: int) -> tuple[torch.UntypedStorage, int, int]:
+        # A storage's use count is its references: ours, the kept buffer's if the batch came in a
+        # kept buffer (sent by name) and torch gave it another Python object, and every tensor
+        # (view, numpy array...) of the batch.
+        kept = self.dataset.kept_buffer(token)
+        other = kept is not None and kept is not storage and kept.data_ptr() == storage.data_ptr()
+        return storage, token, 2 if other else 1
+
     def _give_back(self) -> None:
         """Return to the workers the batch buffers no tensor of this process refers to any more."""
         still = []
-        for ref, token in self._lent:
-            if ref.expired():
-                self.dataset.release(token)
+        for storage, token, own in self._lent:
+            if torch._C._storage_Use_Count(storage._cdata) <= own:
+                self.dataset.release(token, storage)
             else:
-                still.append((ref, token))
+                still.append((storage, token, own))
         self._lent = still
 
     def state_dict(self) -> dict[str, Any]:

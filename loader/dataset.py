@@ -289,9 +289,17 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """What else fixes the order of an epoch (a mix's weights: see :mod:`.mix`)."""
         return {}
 
-    def release(self, token: int) -> None:
+    def release(self, token: int, storage: torch.UntypedStorage) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
-        self._control.release(token)
+        self._control.release(token, storage)
+
+    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
+        """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
+        return self._control.kept_buffer(token)
+
+    def forget_buffers(self) -> None:
+        """Unmap the batch buffers kept for workers that exited (see :mod:`.batch`)."""
+        self._control.forget_buffers()
 
     # ---- a pass (passes.worker_pass lists its stages) ------------------------------------------
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 from webdataset.filters import pipelinefilter
 
-from .batch import Batch, BufferPool, collate
+from .batch import Batch, BufferPool, SentBatch, collate
 from .decode import decode as decode_image
 from .errors import ConfigError, CorruptImageError, ImageShapeError
 from .offload import RawBatch, raw_batch
@@ -349,13 +349,13 @@ def _collate_batches(
     *,
     pool: BufferPool | None = None,
     clock: StageClock | NoClock = NO_CLOCK,
-) -> Iterator[Batch]:
+) -> Iterator[Batch | SentBatch]:
     for _, samples in data:
         images = [s[IMAGE] for s in samples]
         labels = [int(s[LABEL]) for s in samples]
         batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
         clock.batch_done(len(labels))
-        yield batch
+        yield batch if pool is None else pool.sendable(batch)  # a Batch again in the main process
 
 
 collate_batches = pipelinefilter(_collate_batches)

@@ -17,9 +17,12 @@ last batch from the others and moved the record to the next epoch.
 
 from __future__ import annotations
 
+import itertools
+import os
+
 import torch
 
-from ..batch import BufferPool
+from ..batch import BufferPool, forget_buffers, keep_buffer, kept_buffer
 from ..errors import ResumeError
 
 __all__ = [
@@ -46,6 +49,7 @@ _PER_WORKER = 5
 _POOL_BUFFERS = 8
 _POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
 _SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
+_CONTROLS = itertools.count()  # names the datasets' buffer pools in a process
 
 
 class EpochCursor:
@@ -149,6 +153,8 @@ class SharedControl:
     def __init__(self) -> None:
         self._t = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
         self.cursor = EpochCursor(self._t)
+        # The name of this dataset's batch buffers in the main process (made there, pickled to workers).
+        self.name = f"{os.getpid()}-{next(_CONTROLS)}"
 
     def count(self, worker: int, what: int, n: int = 1) -> None:
         """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""
@@ -161,9 +167,21 @@ class SharedControl:
     def pool(self, worker: int) -> BufferPool:
         """The batch-buffer pool of worker process ``worker`` (make one per process, on first use)."""
         first = _POOL + _POOL_BUFFERS * (worker % _MAX_WORKER_SLOTS)
-        return BufferPool(self._t[first : first + _POOL_BUFFERS], first_token=first)
+        return BufferPool(self._t[first : first + _POOL_BUFFERS], first_token=first, name=self.name)
 
-    def release(self, token: int) -> None:
-        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
+    def release(self, token: int, storage: torch.UntypedStorage) -> None:
+        """Hand a worker's batch buffer back to it; it stays mapped here for the batch written there next.
+
+        Call it once no tensor of the main process refers to that batch any more.
+        """
         assert _POOL <= token < _SIZE, token
+        keep_buffer(self.name, token, storage)  # before the flag: the worker may send by name at once
         self._t[token] = 1
+
+    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
+        """The batch buffer ``token`` as the main process keeps it mapped (:meth:`release`), if it does."""
+        return kept_buffer(self.name, token)
+
+    def forget_buffers(self) -> None:
+        """Unmap the buffers kept for the workers: they exited, new ones send their buffers whole."""
+        forget_buffers(self.name)

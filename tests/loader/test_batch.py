@@ -84,3 +84,29 @@ def test_to_device_cuda_matches_cpu():
     gpu = to_device(batch, "cuda", channels_last=True)
     torch.cuda.synchronize()
     torch.testing.assert_close(gpu.images.cpu(), to_device(batch, "cpu").images)
+
+
+def test_a_pooled_batch_travels_whole_once_then_by_name():
+    """Pickled as a worker sends it: the buffer's file descriptor the first time, its name after."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from imgshards.loader.batch import forget_buffers, keep_buffer
+
+    flags = torch.zeros(4, dtype=torch.int64)
+    pool = BufferPool(flags[2:4], first_token=2, name="test-pool")
+    try:
+        first = pool.sendable(collate(images(2), [3, 1], pool=pool))
+        got = ForkingPickler.loads(ForkingPickler.dumps(first))
+        assert type(got) is Batch and got.labels.tolist() == [3, 1]
+        assert torch.equal(got.images, first.images)
+        keep_buffer("test-pool", 2, got.images.untyped_storage())  # what ShardLoader does, then:
+        flags[2] = 1
+        again = pool.sendable(collate(images(2), [0, 4], pool=pool))
+        data = ForkingPickler.dumps(again)
+        assert len(data) < 1000, "by name: no storage in the message"
+        second = ForkingPickler.loads(data)
+        assert second.images.untyped_storage().data_ptr() == got.images.untyped_storage().data_ptr()
+        assert torch.equal(second.images, again.images) and second.labels.tolist() == [0, 4]
+        assert second.images.stride() == again.images.stride()
+    finally:
+        forget_buffers("test-pool")

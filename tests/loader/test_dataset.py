@@ -157,15 +157,22 @@ def test_recycled_batch_buffers_never_change_a_batch_still_held(packed_many, loo
     loader = make_loader(ds, num_workers=2, persistent_workers=True)
     expected = run(packed_many, lookup_many, num_workers=2, batch_size=4)
     for _ in range(2):  # two passes: the persistent workers keep their buffers between them
-        kept, tokens = {}, []
+        kept, views, tokens, by_name = {}, {}, [], 0
         for i, batch in enumerate(loader):
-            tokens.append(pool_token(batch.images))
+            token = pool_token(batch.images)
+            tokens.append(token)
+            # Sent by name: the batch is in a buffer this process kept mapped (no file descriptor).
+            by_name += token is not None and ds.kept_buffer(token) is batch.images.untyped_storage()
             if i % 3 == 0:
                 kept[i] = batch  # held while later batches are made: its buffer must not come back
+            elif i % 3 == 1:  # a numpy view of two images holds the buffer as well
+                views[i] = (batch.images[1:3].numpy(), batch.images[1:3].clone())
         loader.set_epoch(0)
         assert {i: lookup_many.batch_keys(b) for i, b in kept.items()} == {i: expected[i] for i in kept}
+        assert all((torch.from_numpy(view) == copy).all() for view, copy in views.values())
         pooled = [t for t in tokens if t is not None]  # None: a one-off buffer while the pool was all lent
         assert len(pooled) > len(tokens) // 2 and len(set(pooled)) <= 16, "buffers are recycled"
+        assert by_name >= len(tokens) // 6, "recycled buffers travel by name"  # most are held here
     assert len(loader._lent) < 40
 
 
