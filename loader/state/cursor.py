@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import weakref
 
 import torch
 
@@ -155,6 +156,8 @@ class SharedControl:
         self.cursor = EpochCursor(self._t)
         # The name of this dataset's batch buffers in the main process (made there, pickled to workers).
         self.name = f"{os.getpid()}-{next(_CONTROLS)}"
+        # A dataset dropped in the main process unmaps the buffers it kept for its workers.
+        weakref.finalize(self, forget_buffers, self.name)
 
     def count(self, worker: int, what: int, n: int = 1) -> None:
         """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""

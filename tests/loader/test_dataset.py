@@ -7,6 +7,7 @@ every image maps back to its sample key by its pixels.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import warnings
@@ -396,3 +397,17 @@ def test_spawned_workers_give_the_same_batches(packed_many, lookup_many):
     loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
     assert lookup_many.run_keys(loader) == run(packed_many, lookup_many, num_workers=2)
     assert lookup_many.run_keys(loader) == run(packed_many, lookup_many, num_workers=2, epoch=1)
+
+
+def test_a_dropped_dataset_unmaps_the_buffers_kept_for_its_workers(packed_many):
+    from imgshards.loader import batch as batches
+
+    ds = dataset(packed_many, batch_size=4)
+    loader = make_loader(ds, num_workers=2, persistent_workers=True)
+    for _ in loader:  # the buffers handed back stay mapped here, for the batches sent by name
+        pass
+    name = ds._control.name
+    assert batches._KEPT.get(name), "buffers are kept while the dataset lives"
+    del loader, ds
+    gc.collect()
+    assert name not in batches._KEPT
