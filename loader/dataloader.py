@@ -15,9 +15,7 @@ import functools
 import multiprocessing
 import os
 import pickle
-import select
 import threading
-import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,7 +27,7 @@ from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
 from .errors import ConfigError, LoaderTimeoutError, ResumeError
-from .remote.cache import remove_partials
+from .remote.cache import end_with
 from .state.checkpoint import STATE_VERSION, check_settings, settings
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -333,34 +331,9 @@ def _end_with(owner: int, worker_id: int) -> None:
     DataLoader's own watchdog notices only the death of the worker's parent, and the parent of a worker
     started from a forkserver is the server, which lives on as long as any of its workers does: a
     training process killed (SIGKILL, SIGTERM, ``os._exit``) would leave them running for ever, holding
-    its pipes and cache files. A daemon thread waits for ``owner`` to end (a pidfd where the OS has
-    them, else a check every second) and ends the worker.
+    its pipes and cache files (:func:`~.remote.cache.end_with`).
     """
     del worker_id
     if os.getppid() == owner:
         return  # forked by the owner itself: DataLoader's watchdog sees it end
-    try:
-        fd = os.pidfd_open(owner)
-    except (AttributeError, OSError):  # not Linux, or the owner already gone
-        fd = None
-    threading.Thread(target=_wait_for, args=(owner, fd), name="imgshards-owner", daemon=True).start()
-
-
-def _wait_for(owner: int, fd: int | None) -> None:
-    if fd is not None:
-        select.select([fd], [], [])  # readable once the process has ended
-    else:
-        while _alive(owner):
-            time.sleep(1.0)
-    remove_partials()  # the cache files this worker was writing: no one else would remove them now
-    os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    end_with(owner)

@@ -47,7 +47,9 @@ import contextlib
 import fcntl
 import itertools
 import os
+import select
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +57,7 @@ from typing import BinaryIO
 
 from imgshards.converter.manifest import check_name
 
-__all__ = ["CacheEntry", "Reservation", "ShardCache", "remove_partials"]
+__all__ = ["CacheEntry", "Reservation", "ShardCache", "end_with", "remove_partials"]
 
 _LOCK_NAME = ".lock"
 _PARTIAL = ".partial"
@@ -72,11 +74,16 @@ _partials: set[Path] = set()
 _partials_lock = threading.Lock()
 
 
+# The processes this one ends with (end_with), each watched by one thread (a forked child: none).
+_watched: set[int] = set()
+
+
 def _after_fork() -> None:
     global _process_lock, _partials_lock
     _process_lock = threading.Lock()  # a thread of the parent may have held it at the fork
     _partials_lock = threading.Lock()
     _partials.clear()
+    _watched.clear()
 
 
 def remove_partials() -> None:
@@ -90,6 +97,47 @@ def remove_partials() -> None:
             with contextlib.suppress(OSError):
                 path.unlink()
         _partials.clear()
+
+
+def end_with(pid: int) -> None:
+    """End this process (a DataLoader worker) when process ``pid`` ends, removing its partial files.
+
+    DataLoader's own watchdog looks at the worker's parent between batches only, never while the
+    worker waits on the network inside a batch, and a worker started from a forkserver has the server
+    as its parent, which outlives a killed training process. A daemon thread waits for ``pid`` (on a
+    pidfd where the OS has them, else a check every half second), then :func:`remove_partials` and
+    ``os._exit``. Once per ``pid`` in a process.
+    """
+    if pid in _watched:
+        return
+    _watched.add(pid)
+    try:
+        fd: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux; or the process is gone already
+        fd = None
+    threading.Thread(target=_wait_for, args=(pid, fd), name=f"imgshards-end-with-{pid}", daemon=True).start()
+
+
+def _wait_for(pid: int, fd: int | None) -> None:
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        # The parent: it is gone once this process has another; any other process: signal 0.
+        parent = pid == os.getppid()
+        while os.getppid() == pid if parent else _alive(pid):
+            time.sleep(0.5)
+    remove_partials()  # the cache files this worker was writing: no one else would remove them now
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -31,9 +31,7 @@ import contextlib
 import io
 import logging
 import os
-import select
 import threading
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from hashlib import sha256
@@ -45,7 +43,7 @@ from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_pa
 from imgshards.converter.remotefs import with_timeouts
 
 from ..errors import ConfigError, ShardReadError
-from .cache import Reservation, ShardCache, remove_partials
+from .cache import Reservation, ShardCache, end_with
 from .stream import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
@@ -217,8 +215,8 @@ class _ProcessState:
                 self.writes_cache = True
             except OSError as e:  # cannot create it (a read-only file system, no permission)
                 self.cache_failed(e)
-        if _in_dataloader_worker():
-            _end_with_parent()
+        if _in_dataloader_worker():  # its parent (make_loader watches the trainer past a forkserver)
+            end_with(os.getppid())
         self.downloads: dict[str, _Download] = {}
         self.order: list[ShardInfo] = []
         self.position: dict[str, int] = {}
@@ -464,44 +462,3 @@ def _in_dataloader_worker() -> bool:
     from torch.utils.data import get_worker_info  # the loader imports torch already
 
     return get_worker_info() is not None
-
-
-_watched_parent: int | None = None  # the parent this process watches (per process: reset on fork)
-
-
-def _end_with_parent() -> None:
-    """In a DataLoader worker: when its parent ends, remove the partial cache files and end.
-
-    DataLoader's own watchdog looks at the parent between batches only, never while the worker waits
-    on the network inside a batch; a daemon thread waits for the parent (on a pidfd where the OS
-    has them, else a check twice a second). A worker started from a forkserver has the server as its
-    parent: ``make_loader`` watches the training process for those.
-    """
-    global _watched_parent
-    parent = os.getppid()
-    if _watched_parent == parent:
-        return
-    _watched_parent = parent
-    try:
-        fd: int | None = os.pidfd_open(parent)
-    except (AttributeError, OSError):  # not Linux; or the parent is gone already
-        fd = None
-    threading.Thread(target=_wait_for_parent, args=(parent, fd), name="imgshards-parent", daemon=True).start()
-
-
-def _wait_for_parent(parent: int, fd: int | None) -> None:
-    if fd is not None:
-        select.select([fd], [], [])  # readable once the process has ended
-    else:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-    remove_partials()
-    os._exit(0)
-
-
-def _after_fork() -> None:
-    global _watched_parent
-    _watched_parent = None
-
-
-os.register_at_fork(after_in_child=_after_fork)
