@@ -133,7 +133,7 @@ MAX_SCANS = 100
 _MARKER = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
 
 
-def _segments(buf: bytes | bytearray) -> Iterator[tuple[int, int]]:
+def _segments(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, int]]:
     """``(marker, offset of its length field)`` of each JPEG segment after SOI, up to EOI.
 
     Segments are skipped by their lengths, and each scan's entropy-coded data with one regular
@@ -156,7 +156,7 @@ def _segments(buf: bytes | bytearray) -> Iterator[tuple[int, int]]:
 
 def jpeg_scans(data: bytes | bytearray | memoryview) -> int:
     """How many scans (SOS segments) a JPEG holds (0 for what is not a JPEG); a cut file, those it has."""
-    buf = data if isinstance(data, bytes | bytearray) else bytes(data)
+    buf = data  # bytes, bytearray or a memoryview (a mapped shard's image): searched in place
     if buf[:3] != b"\xff\xd8\xff":
         return 0
     return sum(marker == 0xDA for marker, _ in _segments(buf))
@@ -178,7 +178,7 @@ def too_many_scans(data: bytes | bytearray | memoryview, max_scans: int | None =
 
     """
     limit = MAX_SCANS if max_scans is None else max_scans
-    buf = data if isinstance(data, bytes | bytearray) else bytes(data)
+    buf = data  # bytes, bytearray or a memoryview (a mapped shard's image): searched in place
     frame = jpeg_header(buf)
     if frame is None:
         return None

@@ -80,7 +80,11 @@ class TarStream:
         return self._members()
 
     def data(self) -> bytes:
-        """The current member's data, all of it, read once (the stream moves past its padding)."""
+        """The current member's data, all of it, read once (the stream moves past its padding).
+
+        What ``f.read`` returns: ``bytes`` from a file, a ``memoryview`` for a large member of the
+        loader's mapped shards (``imgshards.loader.pipeline.read.MappedShard``).
+        """
         size = self._size
         if self._left != size + (-size % BLOCK):
             raise RuntimeError("a tar member's data is read twice")  # a caller's bug, not the shard's
@@ -190,7 +194,7 @@ class TarStream:
                 f"an extended tar header ({chr(kind)}) declares {size} bytes, more than the "
                 f"{MAX_EXTENDED_HEADER} imgshards reads"
             )
-        data = self.data()
+        data = bytes(self.data())  # bytes even from a file that hands out views (the loader's mapped shards)
         if kind == ord("L"):
             return _text(_no_nul(data.rstrip(b"\0"), "a GNU long name")), size_override
         if kind == ord("x"):

@@ -35,7 +35,7 @@ __all__ = ["JPEG_DECODER", "JpegHeader", "decode", "jpeg_header"]
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 
 
-def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray], torch.Tensor] | None]:
+def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray | memoryview], torch.Tensor] | None]:
     """The JPEG decoder of this install: torchcodec's, else torchvision's while it has one, else none."""
     try:
         from torchcodec.decoders import decode_jpeg as codec_decode_jpeg
@@ -43,9 +43,9 @@ def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray], torch.Tensor] | 
         pass
     else:
 
-        def by_torchcodec(data: bytes | bytearray) -> torch.Tensor:
+        def by_torchcodec(data: bytes | bytearray | memoryview) -> torch.Tensor:
             # bytes as they are: torchcodec reads them through a read-only tensor, no copy.
-            source = torch.frombuffer(data, dtype=torch.uint8) if isinstance(data, bytearray) else data
+            source = data if isinstance(data, bytes) else _tensor_of(data)
             out = codec_decode_jpeg(source, mode="RGB")
             assert isinstance(out, torch.Tensor)  # one source in, one image out
             return out
@@ -57,7 +57,7 @@ def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray], torch.Tensor] | 
     except ImportError:  # a torchvision that no longer decodes images
         return "pillow", None
 
-    def by_torchvision(data: bytes | bytearray) -> torch.Tensor:
+    def by_torchvision(data: bytes | bytearray | memoryview) -> torch.Tensor:
         buffer = data if isinstance(data, bytearray) else bytearray(data)  # it wants a writable buffer
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -66,11 +66,23 @@ def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray], torch.Tensor] | 
     return "torchvision", by_torchvision
 
 
+def _tensor_of(data: bytearray | memoryview) -> torch.Tensor:
+    """A uint8 tensor over ``data``'s memory, no copy.
+
+    A view of a mapped shard is read-only: torch warns so, and the tensor is only read.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=torch.uint8)
+
+
 JPEG_DECODER, _decode_jpeg = _jpeg_decoder()
 """Which library decodes JPEG here: ``"torchcodec"``, ``"torchvision"`` (fallback) or ``"pillow"``."""
 
 
-def decode(data: bytes | bytearray, ext: str, *, key: str = "?", shard: str = "?") -> torch.Tensor:
+def decode(
+    data: bytes | bytearray | memoryview, ext: str, *, key: str = "?", shard: str = "?"
+) -> torch.Tensor:
     """Decode one image (``ext`` is its format, as named in the shard) to RGB ``uint8 [3, H, W]``.
 
     The image's header is read first: one that declares more pixels than Pillow's

@@ -238,7 +238,7 @@ def _to_raw(sample: TarSample, url: str, labels: _Labels) -> RawSample | Corrupt
         return _corrupt(sample.key, shard, problem)
     parts = sample.parts
     try:
-        value = labels.parse(parts[labels.member])
+        value = labels.parse(bytes(parts[labels.member]))  # bytes: the same object, or a view's copy
     except ValueError as e:  # says what the member holds
         return _corrupt(sample.key, shard, f"has {e}")
     num_classes = labels.num_classes

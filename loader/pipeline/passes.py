@@ -195,6 +195,7 @@ def _read(
         on_corrupt=on_corrupt(ds, worker),  # a label outside the classes, no image...
         on_lost=_counter(ds, worker, LOST),
         keep_all=keep_all or bool(ds.raw_stages),  # the user's stages may want any member
+        views=not (keep_all or ds.raw_stages or ds.image_stages),  # images as views: no stage keeps them
     )
     sizes = [len(seg) for seg in plan.segments]
     return worker_order(runs, sizes, ds.order, epoch=at.epoch, rank=ds.rank, worker=worker, leg=at.leg)
