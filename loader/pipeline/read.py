@@ -179,7 +179,6 @@ class MappedShard:
         self.close()
 
 
-
 def read_elsewhere(
     order: Sequence[int] | np.ndarray,
     after: int | None,
