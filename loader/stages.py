@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 from webdataset.filters import pipelinefilter
 
-from .batch import Batch, BufferPool, SentBatch, collate
+from .batch import Batch, BatchRows, BufferPool, SentBatch, collate
 from .decode import decode as decode_image
 from .errors import ConfigError, CorruptImageError, ImageShapeError
 from .offload import RawBatch, raw_batch
@@ -294,11 +294,14 @@ def _decode_batches(
     restore: bool,
     on_corrupt: Callable[[CorruptImageError], None] | None,
     clock: StageClock | NoClock = NO_CLOCK,
+    rows: Callable[[int], BatchRows] | None = None,
 ) -> Iterator[tuple[int, list[Sample]]]:
     """See :data:`decode_batches`."""
     decode_, transform_ = clock.timed(DECODE, decode_image), clock.timed(AUGMENT, transform)
+    put = clock.timed(COLLATE, BatchRows.put)
     for k, samples in data:
-        out = []
+        out = _Decoded()
+        into = out.rows = rows(len(samples)) if rows is not None else None
         with seeded(seed_of(k), restore=restore):
             for sample in samples:
                 image = sample.get(IMAGE)
@@ -311,8 +314,17 @@ def _decode_batches(
                         raise
                     on_corrupt(e)
                     continue
+                if into is not None:
+                    image = put(into, image)
                 out.append({**sample, IMAGE: image})
         yield k, out
+
+
+class _Decoded(list[Sample]):
+    """A batch's decoded samples; ``rows``: the batch buffer their images were written into, if any."""
+
+    __slots__ = ("rows",)
+    rows: BatchRows | None
 
 
 decode_batches = pipelinefilter(_decode_batches)
@@ -320,7 +332,9 @@ decode_batches.__doc__ = """Stage on batches: decode and transform every sample 
 torch's generator seeded by ``seed_of(k)`` (``restore``: put the caller's generator state back).
 An image that does not decode, or that the transform refuses (a shape a preset will not resize,
 :class:`~imgshards.loader.ImageShapeError`; memory it cannot have), goes to ``on_corrupt`` and
-leaves its batch one smaller (raises without ``on_corrupt``).
+leaves its batch one smaller (raises without ``on_corrupt``). With ``rows`` (a batch buffer for
+``n`` images, :class:`~imgshards.loader.batch.BatchRows`) each image is written into its batch's
+buffer as soon as it is made, and :data:`collate_batches` takes the rows as they stand.
 """
 
 
@@ -353,7 +367,8 @@ def _collate_batches(
     for _, samples in data:
         images = [s[IMAGE] for s in samples]
         labels = [int(s[LABEL]) for s in samples]
-        batch = clock.timed(COLLATE, collate)(images, labels, pool=pool)
+        rows = getattr(samples, "rows", None)  # written into a batch buffer as they were made
+        batch = clock.timed(COLLATE, collate)(images, labels, pool=pool, rows=rows)
         clock.batch_done(len(labels))
         yield batch if pool is None else pool.sendable(batch)  # a Batch again in the main process
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import webdataset as wds
 
 from .. import stages as st
-from ..batch import BufferPool
+from ..batch import BatchRows, BufferPool
 from ..epoch import partition
 from ..epoch.order import worker_order
 from ..epoch.seeds import augment_seed, stages_seed
@@ -119,17 +119,20 @@ def worker_pass(
     else:
         tail += [
             # [decode] -> (k, [sample dict + image uint8 [3, H, W]]): decoded and transformed,
-            #             torch's generator seeded per batch; corrupt images counted and dropped
+            #             torch's generator seeded per batch; corrupt images counted and dropped;
+            #             with no image stage, each image is written into its batch's buffer at once
             st.decode_batches(
                 ds.transform,
                 seed_of=lambda k: augment_seed(ds.seed, at.epoch, ds.rank, worker, k),
                 restore=pool is None,
                 on_corrupt=on_corrupt(ds, worker),
                 clock=clock,
+                rows=None if ds.image_stages else lambda n: BatchRows(n, pool=pool),
             ),
             # [image_stages] -> (k, [sample dict]): the user's image stages (drops counted)
             st.each(ds.image_stages, make_up=False, on_dropped=dropped) if ds.image_stages else None,
             # [collate] -> Batch(images uint8 [B, 3, h, w], labels int64 [B]), in shared memory
+            #              (the rows the decode stage wrote, as they stand, when it wrote them)
             st.collate_batches(pool=pool, clock=clock),
         ]
     return iter(wds.DataPipeline(*head, *tail, _settled(ds)))
