@@ -49,7 +49,8 @@ class RawSample(dict[str, Any]):
     """One sample as webdataset has it, plus its label: a dict that webdataset's stages take as is.
 
     Keys: ``__key__``, ``__url__`` (the shard), one entry per member read (``jpg``, ``cls``...,
-    ``bytes``), and ``__label__``, the class id as the split's index says. The attributes name what
+    ``bytes``; an image read from a memory-mapped shard is a ``memoryview`` of it, in a pass that no
+    user stage sees), and ``__label__``, the class id as the split's index says. The attributes name what
     the loader uses: :attr:`key`, :attr:`ext` (the image member's extension), :attr:`data` (its
     bytes), :attr:`label` and :attr:`shard` (the shard's file name).
     """

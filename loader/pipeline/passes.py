@@ -40,7 +40,7 @@ RawBatches = Iterator[tuple[int, list[Any]]]
 # there (tests/loader/test_passes.py holds the two to each other, and the docs' picture to this).
 PIPELINE: tuple[tuple[str, str], ...] = (
     ("plan", "WorkerPlan: this worker's segments (shard, start, stop) and the size of each batch"),
-    ("read", "RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}, shard by shard"),
+    ("read", "RawSample {__key__, __url__, jpg: bytes (or a view of a mapped shard), cls: bytes, __label__}"),
     ("order", "RawSample, in the worker's order: runs interleaved, then a shuffle buffer"),
     ("cut", "(k, [RawSample]): batch k of the plan; earlier ones read, not decoded"),
     ("raw_stages", "(k, [sample dict]): the user's raw stages; drops made up in train"),
@@ -82,7 +82,7 @@ def worker_pass(
         # [plan] -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
         plan = ds.plan(at)
         head: list[Any] = [
-            # [read] -> RawSample {__key__, __url__, jpg: bytes, cls: bytes, __label__}: one run of
+            # [read] -> RawSample {__key__, __url__, jpg: bytes or a view, cls: bytes, __label__}: one run of
             #           samples a segment, read from the tar (reader.read_run, read.read_runs)
             # [order] -> RawSample, in the worker's order: runs interleaved, buffer-shuffled
             #            (epoch.order.worker_order, which the elastic replay calls too)

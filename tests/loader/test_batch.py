@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, Batch, ConfigError, to_device
-from imgshards.loader.batch import BufferPool, collate, pool_token
+from imgshards.loader.batch import BatchRows, BufferPool, collate, pool_token
 
 
 def images(n: int, size: int = 8) -> list[torch.Tensor]:
@@ -48,6 +48,39 @@ def test_pool_reuses_a_buffer_only_once_it_is_given_back():
 def test_collate_refuses_images_of_different_sizes():
     with pytest.raises(ConfigError, match="fixed size"):
         collate([*images(1, 8), *images(1, 9)], [0, 0])
+
+
+def test_rows_written_as_made_are_the_batch_without_a_copy():
+    imgs = images(5)
+    flags = torch.zeros(2, dtype=torch.int64)
+    pool = BufferPool(flags, first_token=0)
+    rows = BatchRows(5, pool=pool)
+    made = [rows.put(img) for img in imgs[:4]]  # the fifth was corrupt: skipped
+    assert all(torch.equal(r, img) for r, img in zip(made, imgs, strict=False))
+    batch = collate(made, [0, 1, 2, 3], pool=pool, rows=rows)
+    assert batch.images.shape == (4, 3, 8, 8) and batch.images.is_shared()
+    assert batch.images.data_ptr() == made[0].data_ptr() and pool_token(batch.images) == 0
+    assert batch.images.is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(batch.images[i], imgs[i]) for i in range(4))
+
+
+def test_rows_not_handed_back_in_order_are_copied():
+    imgs = images(3)
+    rows = BatchRows(3)
+    made = [rows.put(img) for img in imgs]
+    swapped = [made[1], made[0], made[2]]  # a stage reordered them
+    batch = collate(swapped, [1, 0, 2], rows=rows)
+    assert batch.images.data_ptr() != made[0].data_ptr()
+    assert [torch.equal(batch.images[i], img) for i, img in enumerate([imgs[1], imgs[0], imgs[2]])] == [True] * 3
+
+
+def test_rows_leave_an_image_of_another_size_to_collate_to_refuse():
+    rows = BatchRows(2)
+    first = rows.put(images(1)[0])
+    other = images(1, size=9)[0]
+    assert rows.put(other) is other
+    with pytest.raises(ConfigError, match="one size"):
+        collate([first, other], [0, 1], rows=rows)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
