@@ -71,7 +71,7 @@ def test_rows_not_handed_back_in_order_are_copied():
     swapped = [made[1], made[0], made[2]]  # a stage reordered them
     batch = collate(swapped, [1, 0, 2], rows=rows)
     assert batch.images.data_ptr() != made[0].data_ptr()
-    assert [torch.equal(batch.images[i], img) for i, img in enumerate([imgs[1], imgs[0], imgs[2]])] == [True] * 3
+    assert all(torch.equal(batch.images[i], imgs[j]) for i, j in enumerate([1, 0, 2]))
 
 
 def test_rows_leave_an_image_of_another_size_to_collate_to_refuse():
