@@ -111,8 +111,13 @@ class BufferPool:
         return _new_buffer(nbytes, -1)
 
     def sendable(self, batch: Batch) -> SentBatch:
-        """``batch``, made in the buffer :meth:`take` gave last, as it should travel to the main process."""
-        return SentBatch(batch.images, batch.labels, self.name, self._kept)
+        """``batch``, made in the buffer :meth:`take` gave last, as it should travel to the main process.
+
+        A take's buffer serves one batch: a batch made without a take since (an empty one, every
+        image of it corrupt) travels whole, never by the name of the buffer the batch before it holds.
+        """
+        kept, self._kept = self._kept, None
+        return SentBatch(batch.images, batch.labels, self.name, kept)
 
 
 class SentBatch:

@@ -141,5 +141,9 @@ def test_a_pooled_batch_travels_whole_once_then_by_name():
         assert second.images.untyped_storage().data_ptr() == got.images.untyped_storage().data_ptr()
         assert torch.equal(second.images, again.images) and second.labels.tolist() == [0, 4]
         assert second.images.stride() == again.images.stride()
+        # Every image of the next batch was corrupt: no buffer taken, so not sent by the last one's name.
+        empty = pool.sendable(collate([], [], pool=pool))
+        assert empty.kept is None
+        assert ForkingPickler.loads(ForkingPickler.dumps(empty)).images.shape == (0, 3, 0, 0)
     finally:
         forget_buffers("test-pool")
