@@ -137,7 +137,8 @@ def _segments(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, int]]:
     """``(marker, offset of its length field)`` of each JPEG segment after SOI, up to EOI.
 
     Segments are skipped by their lengths, and each scan's entropy-coded data with one regular
-    expression search for the next marker: a pass over the bytes in C, not a decode. Lenient: bytes
+    expression search for the next marker: a pass over the bytes in C, not a decode (a memoryview,
+    such as a mapped shard's image, is searched in place). Lenient: bytes
     that are not a marker are passed over, a file cut short ends the walk.
     """
     pos, n = 2, len(buf)
@@ -156,10 +157,9 @@ def _segments(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, int]]:
 
 def jpeg_scans(data: bytes | bytearray | memoryview) -> int:
     """How many scans (SOS segments) a JPEG holds (0 for what is not a JPEG); a cut file, those it has."""
-    buf = data  # bytes, bytearray or a memoryview (a mapped shard's image): searched in place
-    if buf[:3] != b"\xff\xd8\xff":
+    if data[:3] != b"\xff\xd8\xff":
         return 0
-    return sum(marker == 0xDA for marker, _ in _segments(buf))
+    return sum(marker == 0xDA for marker, _ in _segments(data))
 
 
 def too_many_scans(data: bytes | bytearray | memoryview, max_scans: int | None = None) -> str | None:
@@ -178,15 +178,14 @@ def too_many_scans(data: bytes | bytearray | memoryview, max_scans: int | None =
 
     """
     limit = MAX_SCANS if max_scans is None else max_scans
-    buf = data  # bytes, bytearray or a memoryview (a mapped shard's image): searched in place
-    frame = jpeg_header(buf)
+    frame = jpeg_header(data)
     if frame is None:
         return None
     scans = 0
-    for marker, at in _segments(buf):
+    for marker, at in _segments(data):
         if marker != 0xDA:
             continue
-        if not scans and not frame.progressive and at + 2 < len(buf) and buf[at + 2] == frame.components:
+        if not scans and not frame.progressive and at + 2 < len(data) and data[at + 2] == frame.components:
             return None
         scans += 1
     if scans <= limit:
