@@ -35,11 +35,27 @@ def map_no_shard(monkeypatch):
     monkeypatch.setattr(read_stage, "_MAP_AT_LEAST", 1 << 62)
 
 
-def runs(root, *, views: bool) -> list[list]:
+def runs(root, *, views: bool, told: list[str] | None = None) -> list[list]:
     split = read_manifest(root).split("train")
     segments = [s for s in ShardDataset(root).plan(PassPosition(0, (), 0, 0, 1)).segments]
-    out = read_runs(segments, split, ShardSource(root), on_truncated=print, on_unreadable=None, views=views)
+    on_truncated = told.append if told is not None else print
+    out = read_runs(
+        segments, split, ShardSource(root), on_truncated=on_truncated, on_unreadable=None, views=views
+    )
     return [list(run) for run in out]
+
+
+def test_a_shard_cut_short_is_reported_the_same_mapped_or_read(packed_copy, map_every_shard):
+    shard = sorted(packed_copy.glob("train-*.tar"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2 + 100])  # cut inside a member
+    told_mapped: list[str] = []
+    told_read: list[str] = []
+    with pytest.warns(RuntimeWarning, match="truncated or replaced since it was packed"):
+        mapped = runs(packed_copy, views=True, told=told_mapped)
+    with pytest.warns(RuntimeWarning, match="truncated or replaced since it was packed"):
+        read = runs(packed_copy, views=False, told=told_read)
+    assert [[(s.key, s.data) for s in r] for r in mapped] == [[(s.key, s.data) for s in r] for r in read]
+    assert told_mapped == told_read and len(told_read) >= 1 and shard.name in told_read[0]
 
 
 def test_a_mapped_run_reads_what_the_file_gives(packed_many, map_every_shard):
