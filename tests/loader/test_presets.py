@@ -31,6 +31,8 @@ def test_presets_give_uint8_squares_of_the_asked_size(name, shape):
         out = preset(name, size=size)(photo(*shape))
         assert out.dtype == torch.uint8
         assert out.shape == (3, size, size)
+        # Channels innermost, as decode() gives them: a batch row takes the image in one plain copy.
+        assert (out.stride(0), out.stride(2)) == (1, 3)
 
 
 def test_unknown_preset_names_the_choices():
