@@ -1,0 +1,48 @@
+"""The limit row of ``bench/loader.py`` decodes the very images imgshards' timed batches hold (issue 22).
+
+The ratio imgshards / limit compares the same work only if both fall on the same images: a window of
+a few shards (a few classes) can be larger in bytes and pixels than a random draw of the split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from imgshards.loader import ShardDataset, make_loader
+from imgshards.loader.decode import decode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_loader", ROOT / "bench" / "loader.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_limits_images_are_those_of_the_batches_the_benchmark_times(tiny_packed):
+    bench = _bench()
+    args = argparse.Namespace(batch_size=3, workers=2, images=14)
+    corner = lambda img: img[:, :6, :6].contiguous()  # noqa: E731  # an image's corner names it
+
+    timed: list[torch.Tensor] = []
+
+    def batches():  # the loader as the benchmark runs it, every batch it hands over recorded
+        ds = ShardDataset(tiny_packed, batch_size=args.batch_size, transform=corner)
+        for images, labels in make_loader(ds, num_workers=args.workers, persistent_workers=False):
+            timed.append(images)
+            yield images, labels
+
+    bench.timed(batches, args.images)
+    window = bench.window_images(tiny_packed, args)
+
+    counted = [img for batch in timed[1:] for img in batch]  # timed counts from the second batch
+    assert len(window) == len(counted) >= args.images - args.batch_size
+    for data, img in zip(window, counted, strict=True):
+        assert torch.equal(corner(decode(data, "jpg")), img)
