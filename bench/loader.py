@@ -257,9 +257,9 @@ def window_images(packed: Path, args: argparse.Namespace) -> list[bytes]:
     Epoch 0 of ``ShardDataset(packed, batch_size=...)`` with ``--workers`` workers: each worker's
     samples in its pass's order (the dataset's own plan and order, read, never decoded), cut into
     its batches, taken in turn from worker 0, 1, ... as the DataLoader hands them over, from the
-    second batch until ``--images`` are in. The same images, so a limit that falls on other images
-    (a random draw of the split: a window of a few shards, of a few classes, can be 1% larger in
-    bytes and pixels) does not move the ratio.
+    second batch until ``--images`` are in. The ratio then compares the same work: a random draw of
+    the split holds other images (on the 10,000-image tree, 1% fewer bytes than epoch 0's window,
+    which comes from a few shards, so a few classes).
     """
     # Imported here: `--one` runs this file under REF's imgshards too, which may not have them.
     from imgshards.loader.pipeline.passes import raw_samples
