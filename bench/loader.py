@@ -37,8 +37,10 @@ Each figure is images/s from the first batch on (worker start-up excluded). The 
 turn, ``--rounds`` times over, ``--images`` images each time, and each keeps its best round: on a
 shared machine a burst of load from elsewhere then spoils one round of each, not one pipeline.
 ``CPU ms/img`` is the CPU time of all the pipeline's processes (main, workers; start-up included)
-per image: it moves much less with the load than images/s does. The files are read once before
-timing, so every pipeline reads from the page cache.
+per image: it moves much less with the load than images/s does. ``--against`` also prints the CPU
+time per image over the timed batches only (``/proc`` of the live processes, Linux): no start-up,
+and time a shared host takes the CPUs away is not in it, though its cache contention still is.
+The files are read once before timing, so every pipeline reads from the page cache.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torchvision.transforms as T
@@ -119,11 +122,42 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def timed(make_batches: Callable[[], Iterable], limit: int) -> tuple[float, float]:
-    """Return (images/s from the first batch on, CPU ms per image over the whole run)."""
+class Measure(NamedTuple):
+    """One measurement of a pipeline."""
+
+    rate: float  # images/s from the second batch on
+    cpu: float  # CPU ms per image of all its processes over the whole run, start-up included
+    window_cpu: float | None  # CPU ms per image of its live processes over the timed batches only
+
+
+def live_cpu_seconds() -> float | None:
+    """CPU time so far of this process and of its live descendants (workers, a forkserver's too).
+
+    Read from ``/proc`` (Linux; None elsewhere). A process that ends while it is read is left out.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(stat[11]) + int(stat[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            if pid == os.getpid():
+                return None  # no /proc here
+        except (OSError, ValueError, IndexError):
+            return None
+    return total
+
+
+def timed(make_batches: Callable[[], Iterable], limit: int) -> Measure:
+    """Time a pipeline's batches from the second on, until ``limit`` images have come."""
     cpu0 = cpu_seconds()
     it = iter(make_batches())
     first = len(next(it)[0])
+    live0 = live_cpu_seconds()
     start, seen = time.perf_counter(), 0
     for images, _ in it:
         seen += len(images)
@@ -132,12 +166,15 @@ def timed(make_batches: Callable[[], Iterable], limit: int) -> tuple[float, floa
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # (d) on a GPU: its last batches are decoded, not only queued
     rate = seen / (time.perf_counter() - start)
+    live1 = live_cpu_seconds()
+    # The workers' prefetched batches in flight at both ends: about as many at the start as at the end.
+    window = None if live0 is None or live1 is None else (live1 - live0) / seen * 1e3
     del it  # stops and joins the workers, so their CPU time is counted
     gc.collect()
-    return rate, (cpu_seconds() - cpu0) / (seen + first) * 1e3
+    return Measure(rate, (cpu_seconds() - cpu0) / (seen + first) * 1e3, window)
 
 
-def run_imgshards(name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_imgshards(name: str, args: argparse.Namespace) -> Measure:
     def batches() -> Iterable:
         ds = ShardDataset(args.packed, batch_size=args.batch_size, transform=name)
         return make_loader(ds, num_workers=args.workers, persistent_workers=False)
@@ -145,7 +182,7 @@ def run_imgshards(name: str, args: argparse.Namespace) -> tuple[float, float]:
     return timed(batches, args.images)
 
 
-def run_decode_on(name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_decode_on(name: str, args: argparse.Namespace) -> Measure:
     def batches() -> Iterable:
         ds = ShardDataset(args.packed, batch_size=args.batch_size, transform=name, decode_on=args.decode_on)
         return make_loader(ds, num_workers=args.workers, persistent_workers=False)
@@ -153,7 +190,7 @@ def run_decode_on(name: str, args: argparse.Namespace) -> tuple[float, float]:
     return timed(batches, args.images)
 
 
-def run_imagefolder(name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_imagefolder(name: str, args: argparse.Namespace) -> Measure:
     def batches() -> Iterable:
         ds = ImageFolder(str(args.tree), transform=reference_transform(name))
         return DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
@@ -172,7 +209,7 @@ def local_samples(shards: Iterable[dict]) -> Iterator[dict]:
             yield from group_by_keys(tar_file_expander([{"url": shard["path"].name, "stream": stream}]))
 
 
-def run_webdataset(name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_webdataset(name: str, args: argparse.Namespace) -> Measure:
     paths = [args.packed / s.name for s in read_manifest(args.packed).split("train").shards]
 
     def batches() -> Iterable:
@@ -208,17 +245,18 @@ def _decode_augment(job: tuple[str, int, int]) -> float:
     return time.perf_counter() - start
 
 
-def run_cpu_limit(name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_cpu_limit(name: str, args: argparse.Namespace) -> Measure:
     cpu0 = cpu_seconds()
     threads = torch.get_num_threads()
     try:
         seconds = _decode_augment((name, 0, len(_IMAGES)))
     finally:
         torch.set_num_threads(threads)
-    return len(_IMAGES) / seconds * args.workers, (cpu_seconds() - cpu0) / len(_IMAGES) * 1e3
+    cpu = (cpu_seconds() - cpu0) / len(_IMAGES) * 1e3
+    return Measure(len(_IMAGES) / seconds * args.workers, cpu, cpu)  # all of it is the loop
 
 
-def run_cpu_limit_parallel(name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_cpu_limit_parallel(name: str, args: argparse.Namespace) -> Measure:
     n, w = len(_IMAGES), args.workers
     jobs = [(name, i * n // w, (i + 1) * n // w) for i in range(w)]
     cpu0 = cpu_seconds()
@@ -227,7 +265,7 @@ def run_cpu_limit_parallel(name: str, args: argparse.Namespace) -> tuple[float, 
         start = time.perf_counter()
         pool.map(_decode_augment, jobs, chunksize=1)
         wall = time.perf_counter() - start
-    return n / wall, (cpu_seconds() - cpu0) / n * 1e3
+    return Measure(n / wall, (cpu_seconds() - cpu0) / n * 1e3, None)
 
 
 def load_images(packed: Path, count: int) -> list[bytes]:
@@ -314,15 +352,14 @@ def install_ref(ref: str, where: Path, repo: Path = REPO) -> Path:
     return python
 
 
-def run_in(python: str | Path, name: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_in(python: str | Path, name: str, args: argparse.Namespace) -> Measure:
     """Time the imgshards loader that ``python`` imports, in a fresh process (``--one``)."""
     cmd = [str(python), str(Path(__file__).resolve()), "--one", name, "--tree", str(args.tree)]
     cmd += ["--packed", str(args.packed), "--workers", str(args.workers)]
     cmd += ["--batch-size", str(args.batch_size), "--images", str(args.images)]
     # Out of the repo: a checkout on sys.path would shadow the installed version under test.
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
-    rate, cpu = json.loads(out.strip().splitlines()[-1])
-    return float(rate), float(cpu)
+    return Measure(*json.loads(out.strip().splitlines()[-1]))
 
 
 def against(args: argparse.Namespace) -> None:
@@ -338,12 +375,15 @@ def against(args: argparse.Namespace) -> None:
         }
         rates: dict[str, dict[str, list[float]]] = {}
         cpus: dict[str, dict[str, list[float]]] = {}
+        windows: dict[str, dict[str, list[float]]] = {}
         for r in range(args.rounds):
             for name in args.presets:
                 for key, run in contenders.items():
-                    rate, cpu = run(name)
+                    rate, cpu, window = run(name)
                     rates.setdefault(name, {}).setdefault(key, []).append(rate)
                     cpus.setdefault(name, {}).setdefault(key, []).append(cpu)
+                    if window is not None:
+                        windows.setdefault(name, {}).setdefault(key, []).append(window)
                     print(f"  {name} round {r}: {key} {rate:.0f}/s, {cpu:.2f} CPU ms/img", file=sys.stderr)
     print(
         f"{split.samples} images in {len(split.shards)} shards, {args.workers} workers, batch "
@@ -373,6 +413,20 @@ def against(args: argparse.Namespace) -> None:
         ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
         print(f"| {name} | {ours:.2f} | {ref:.2f} | {limit:.2f} | {ref / ours:.2f} | {limit / ours:.2f} |")
     print()
+    if all(len(by) == 3 for by in windows.values()) and windows:
+        # The same over the timed batches only, from /proc: no start-up, and a host's load that
+        # takes the CPUs away (a VM's steal) is not counted.
+        print(
+            f"| preset | CPU ms/img over the timed batches: this | at {args.against} | limit | "
+            f"{args.against} / this | limit / this |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, by in windows.items():
+            ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
+            print(
+                f"| {name} | {ours:.2f} | {ref:.2f} | {limit:.2f} | {ref / ours:.3f} | {limit / ours:.3f} |"
+            )
+        print()
     print(
         "rounds (images/s): "
         + json.dumps({n: {k: [round(x) for x in v] for k, v in by.items()} for n, by in rates.items()})
@@ -445,7 +499,7 @@ def main() -> None:
         best: dict[str, tuple[float, float]] = {}
         for r in range(args.rounds):
             for key, run in RUNS.items():
-                rate, cpu = run(name, args)
+                rate, cpu, _ = run(name, args)
                 print(f"  {name} round {r}: {key} {rate:.0f}/s, {cpu:.2f} CPU ms/img", file=sys.stderr)
                 if rate > best.get(key, (0.0, 0.0))[0]:
                     best[key] = (rate, cpu)

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -50,3 +54,23 @@ def test_the_limits_images_are_those_of_the_batches_the_benchmark_times(tiny_pac
     assert len(window) == len(counted) >= args.images - args.batch_size
     for data, img in zip(window, counted, strict=True):
         assert torch.equal(corner(decode(data, "jpg")), img)
+
+
+def test_the_cpu_over_the_timed_batches_counts_live_child_processes():
+    bench = _bench()
+
+    def others() -> float:  # live descendants' CPU seconds: all of it but this process's own
+        live = bench.live_cpu_seconds()
+        assert live is not None
+        return live - sum(os.times()[:2])
+
+    before = others()
+    burn = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn + "sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while others() - before < 0.45 and time.monotonic() < deadline:  # until it burnt its 0.5 s
+            time.sleep(0.1)
+        assert others() - before >= 0.45
+    finally:
+        child.communicate(b"")
