@@ -407,30 +407,26 @@ def against(args: argparse.Namespace) -> None:
     print()
     # CPU time per image (all the loader's processes, start-up included) moves much less with the
     # machine's load than images/s does: on a shared machine it is the steadier of the two ratios.
-    print(f"| preset | CPU ms/img: this | at {args.against} | limit | {args.against} / this | limit / this |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, by in cpus.items():
-        ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
-        print(f"| {name} | {ours:.2f} | {ref:.2f} | {limit:.2f} | {ref / ours:.2f} | {limit / ours:.2f} |")
-    print()
-    if all(len(by) == 3 for by in windows.values()) and windows:
+    _cpu_table("CPU ms/img", cpus, args.against)
+    if windows and all(len(by) == 3 for by in windows.values()):
         # The same over the timed batches only, from /proc: no start-up, and a host's load that
         # takes the CPUs away (a VM's steal) is not counted.
-        print(
-            f"| preset | CPU ms/img over the timed batches: this | at {args.against} | limit | "
-            f"{args.against} / this | limit / this |"
-        )
-        print("|---|---:|---:|---:|---:|---:|")
-        for name, by in windows.items():
-            ours, ref, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
-            print(
-                f"| {name} | {ours:.2f} | {ref:.2f} | {limit:.2f} | {ref / ours:.3f} | {limit / ours:.3f} |"
-            )
-        print()
+        _cpu_table("CPU ms/img over the timed batches", windows, args.against)
     print(
         "rounds (images/s): "
         + json.dumps({n: {k: [round(x) for x in v] for k, v in by.items()} for n, by in rates.items()})
     )
+
+
+def _cpu_table(what: str, by_preset: dict[str, dict[str, list[float]]], ref: str) -> None:
+    """Print a CPU figure per image (medians: this checkout's, REF's, the limit's) and its ratios."""
+    print(f"| preset | {what}: this | at {ref} | limit | {ref} / this | limit / this |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, by in by_preset.items():
+        ours, theirs, limit = (statistics.median(by[k]) for k in ("imgshards", "ref", "limit"))
+        ratios = f"{theirs / ours:.3f} | {limit / ours:.3f}"
+        print(f"| {name} | {ours:.2f} | {theirs:.2f} | {limit:.2f} | {ratios} |")
+    print()
 
 
 RUNS = {
