@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import re
 import shutil
 import signal
@@ -225,8 +226,8 @@ def test_sigterm_ends_the_workers_waiting_on_a_stall_and_removes_their_partial_f
     cache = tmp_path / "cache"
     script = tmp_path / "train.py"
     script.write_text(_TRAINING)
-    training = subprocess.Popen(
-        [sys.executable, str(script), base, str(cache), start], stderr=subprocess.PIPE
+    training = subprocess.Popen(  # a session of its own: the clean-up below kills its group, none of ours
+        [sys.executable, str(script), base, str(cache), start], stderr=subprocess.PIPE, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 60
@@ -246,11 +247,12 @@ def test_sigterm_ends_the_workers_waiting_on_a_stall_and_removes_their_partial_f
         assert not _alive(family), [p.cmdline() for p in _alive(family)]
         assert not list(cache.glob("*.partial"))
     finally:
-        training.kill()
+        # Its process group: it and what it started, orphaned or not. Not every child of this
+        # process, which took pytest's own resource tracker with them (the next test to share
+        # memory warned "resource_tracker: process died unexpectedly").
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(training.pid, signal.SIGKILL)
         training.wait()
-        for p in _alive(psutil.Process().children(recursive=True)):
-            if p.pid != training.pid:
-                p.kill()
 
 
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
