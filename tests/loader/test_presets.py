@@ -40,11 +40,16 @@ def test_unknown_preset_names_the_choices():
         preset("trian")
 
 
-def test_eval_is_torchvisions_resize_and_centre_crop_exactly():
-    reference = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])
-    for shape in [(375, 500), (500, 333), (300, 300)]:
+@pytest.mark.parametrize("size", [224, 32, 7])
+def test_eval_is_torchvisions_resize_and_centre_crop_exactly(size):
+    resize = round(size * 256 / 224)
+    reference = v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(size)])
+    # Down and up, either way longer, odd margins for the crop, already the resize's size (no resize).
+    shapes = [(375, 500), (500, 333), (300, 300), (64, 48), (1, 1), (900, 40), (341, 256), (256, 341)]
+    for shape in [*shapes, (resize, resize + 7)]:
         img = photo(*shape)
-        assert torch.equal(preset("eval")(img), reference(img))
+        for layout in (img, img.contiguous()):  # channels-last as decoded, and planar
+            assert torch.equal(preset("eval", size=size)(layout), reference(layout)), (shape, layout.stride())
 
 
 def test_train_crop_is_the_torchvision_resized_crop_of_its_box():
