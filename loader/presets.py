@@ -19,10 +19,11 @@ steps (which they were checked against):
   (``RandomResizedCrop`` works so; ``"resnet"`` draws its crop side as ``shorter * 224 / S`` source
   pixels instead of resizing the whole image to ``S`` first: same distribution of views, up to
   rounding of the crop box to whole source pixels).
-- The region is resized by ``torch.nn.functional.interpolate`` (bilinear, antialias) on ``uint8``
-  in channels-last layout: the kernel ``torchvision.transforms.v2.functional.resize`` calls, without
-  its per-call overhead (~15% of a resize at this size). On a GPU (no ``uint8`` kernel there) it
-  runs in ``float32`` on planar memory, the layout the CUDA kernel reads fastest.
+- The region (``"eval"``: the whole image) is resized by ``torch.nn.functional.interpolate``
+  (bilinear, antialias) on ``uint8`` in channels-last layout: the kernel
+  ``torchvision.transforms.v2.functional.resize`` calls, without its per-call overhead (~15% of a
+  resize at this size; 7% of ``"eval"``'s resize and crop). On a GPU (no ``uint8`` kernel there)
+  it runs in ``float32`` on planar memory, the layout the CUDA kernel reads fastest.
 - Colour jitter and lighting are affine in RGB, so the three jitter steps (in random order, as
   torchvision's) and the lighting offset are composed into one 3x3 matrix and offset, applied in a
   single pass and clamped once at the end (``fb.resnet.torch`` does not clamp between steps either;
