@@ -403,16 +403,20 @@ class ResizeCenterCrop:
 
         """
         self.check(height, width)
-        new_h, new_w = self._resized(height, width)
-        top, left = round((new_h - self.size) / 2.0), round((new_w - self.size) / 2.0)
+        new_h, new_w, top, left = self._resized(height, width)
         sy, sx = height / new_h, width / new_w
         return View(top * sy, left * sx, self.size * sy, self.size * sx)
 
-    def _resized(self, height: int, width: int) -> tuple[int, int]:
-        """The size of an image of ``height`` x ``width`` once resized: ``v2.functional.resize``'s rule."""
+    def _resized(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """An image's size once resized, and where its centre crop starts in it: ``(h, w, top, left)``.
+
+        The size by ``v2.functional.resize``'s shorter-side rule, the offsets by ``center_crop``'s rounding.
+        """
         if width <= height:
-            return int(self.resize * height / width), self.resize
-        return self.resize, int(self.resize * width / height)
+            new_h, new_w = int(self.resize * height / width), self.resize
+        else:
+            new_h, new_w = self.resize, int(self.resize * width / height)
+        return new_h, new_w, round((new_h - self.size) / 2.0), round((new_w - self.size) / 2.0)
 
     def apply(self, img: torch.Tensor, view: View) -> torch.Tensor:
         """Resize and centre-crop ``img`` (``view`` is implied by its size)."""
@@ -431,7 +435,6 @@ class ResizeCenterCrop:
         # shift the sampling grid by a fraction of a pixel, and eval numbers should match torchvision's.
         # Its kernel, called as v2.functional.resize calls it, and center_crop's offsets, pixel for
         # pixel (tests/loader/test_presets.py), without their wrappers: 27 us an image less (7%).
-        new_h, new_w = self._resized(height, width)
+        new_h, new_w, top, left = self._resized(height, width)
         out = img if (new_h, new_w) == (height, width) else _resize(img, new_h, new_w)
-        top, left = round((new_h - self.size) / 2.0), round((new_w - self.size) / 2.0)
         return out[:, top : top + self.size, left : left + self.size]
