@@ -152,6 +152,11 @@ def live_cpu_seconds() -> float | None:
     return total
 
 
+def _ms_per_image(before: float | None, after: float | None, images: int) -> float | None:
+    """CPU ms per image between two :func:`live_cpu_seconds` readings; None if either had no ``/proc``."""
+    return None if before is None or after is None else (after - before) / images * 1e3
+
+
 def timed(make_batches: Callable[[], Iterable], limit: int) -> Measure:
     """Time a pipeline's batches from the second on, until ``limit`` images have come."""
     cpu0 = cpu_seconds()
@@ -166,9 +171,8 @@ def timed(make_batches: Callable[[], Iterable], limit: int) -> Measure:
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # (d) on a GPU: its last batches are decoded, not only queued
     rate = seen / (time.perf_counter() - start)
-    live1 = live_cpu_seconds()
     # The workers' prefetched batches in flight at both ends: about as many at the start as at the end.
-    window = None if live0 is None or live1 is None else (live1 - live0) / seen * 1e3
+    window = _ms_per_image(live0, live_cpu_seconds(), seen)
     del it  # stops and joins the workers, so their CPU time is counted
     gc.collect()
     return Measure(rate, (cpu_seconds() - cpu0) / (seen + first) * 1e3, window)
@@ -269,8 +273,7 @@ def run_cpu_limit_parallel(name: str, args: argparse.Namespace) -> Measure:
         pool.map(_decode_augment, [(name, 0, 16)] * w, chunksize=1)  # start-up and first calls, not timed
         live0, start = live_cpu_seconds(), time.perf_counter()
         pool.map(_decode_augment, jobs, chunksize=1)
-        wall, live1 = time.perf_counter() - start, live_cpu_seconds()
-    window = (live1 - live0) / n * 1e3 if live0 is not None and live1 is not None else None
+        wall, window = time.perf_counter() - start, _ms_per_image(live0, live_cpu_seconds(), n)
     return Measure(n / wall, (cpu_seconds() - cpu0) / n * 1e3, window)
 
 
