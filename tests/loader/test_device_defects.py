@@ -201,6 +201,24 @@ def test_2_each_batch_is_decoded_alone_ordered_by_its_own_event_and_bounded(jpeg
         assert waits and waits[0] < first_decode[k], f"batch {k} started before batch {k - 3} was done"
 
 
+def test_2_one_ordering_serves_every_pass_and_batch(jpegs):
+    # A CudaOrdering's streams each hold their own blocks in the caching allocator: new streams every
+    # pass left every pass's blocks reserved (83 GB reserved for 2 GB allocated on an H100).
+    made: list[Recorder] = []
+
+    def ordering(device):
+        made.append(Recorder(device))
+        return made[-1]
+
+    decoder = _decoder(DecodeOn(device="cpu", augment="batched", ahead=1), ordering=ordering)
+    raws = [_raw(jpegs[k : k + 4], index=k) for k in range(0, 12, 4)]
+    for _ in range(3):
+        assert len(list(decoder.stream(raws))) == 3
+    decoder.decode(raws[0])
+    assert len(made) == 1
+    assert sum(e == ("enter", "decoding") for e in made[0].log) == 10
+
+
 # ---- 3: overlap on the host ----------------------------------------------------------------------
 
 
