@@ -24,6 +24,7 @@ from .errors import (
     LoaderTimeoutError,
     ResumeError,
     ShardReadError,
+    WorkerError,
 )
 from .mix import MixedDataset
 from .offload import DecodeOn
@@ -54,6 +55,7 @@ __all__ = [
     "ShardLoader",
     "ShardReadError",
     "ShardSource",
+    "WorkerError",
     "decode_image",
     "elastic",
     "make_loader",

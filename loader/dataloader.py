@@ -12,10 +12,8 @@ goes on: the rest of the epoch is the same batches, in the same order, with the 
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
-import pickle
-import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -26,11 +24,16 @@ from torch.utils.data import DataLoader
 from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
-from .errors import ConfigError, LoaderTimeoutError, ResumeError
+from .errors import ConfigError, LoaderTimeoutError, ResumeError, WorkerError
 from .remote.cache import end_with
 from .state.checkpoint import STATE_VERSION, check_settings, settings
+from .workers import default_context, worker_died
 
 __all__ = ["ShardLoader", "make_loader"]
+
+# The longest the DataLoader waits for a batch before it checks that its workers live (PyTorch's own
+# check interval without a timeout): a dead worker is an error within seconds, not at the timeout.
+_LIVENESS_SECONDS = 5.0
 
 
 def make_loader(
@@ -54,13 +57,13 @@ def make_loader(
         prefetch_factor: Batches each worker prepares ahead.
         persistent_workers: Keep the workers between epochs (no start-up cost per epoch);
             :meth:`ShardLoader.set_epoch` reaches them all the same.
-        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``. By default workers
-            are forked while this process runs one thread, and started from a forkserver once it
-            runs more (a rank in a process group, a trainer's threads): a process forked while
-            another thread holds an interpreter lock can hang before it runs a line.
-        timeout: Seconds to wait for a batch from the workers before raising
-            :class:`LoaderTimeoutError` (a worker stuck, or one that never started); ``0``: wait for
-            ever.
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` (or a context). By
+            default workers are forked, as PyTorch does on Linux (no ``__main__`` guard needed; the
+            environment of the moment), and a child that hangs inside ``os.fork()`` because another
+            thread held a lock is forked again (:mod:`.workers`); elsewhere the platform's default.
+        timeout: Seconds to wait for a batch from live workers before raising
+            :class:`LoaderTimeoutError` (a worker stuck); ``0``: wait for ever. A worker that dies is
+            a :class:`WorkerError` within seconds, whatever this says.
 
     """
     if not isinstance(dataset, ShardDataset):
@@ -79,13 +82,15 @@ def make_loader(
         pin_memory=pin_memory and torch.cuda.is_available(),
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers,
-        multiprocessing_context=multiprocessing_context if workers else None,
-        timeout=timeout if workers else 0,
+        multiprocessing_context=((multiprocessing_context or default_context()) if workers else None),
+        # DataLoader checks that its workers live only when a wait for a batch times out: it waits
+        # in short rounds, and _timed adds them up to the caller's timeout.
+        timeout=min(timeout or _LIVENESS_SECONDS, _LIVENESS_SECONDS) if workers else 0,
         # DataLoader draws a base seed per pass; from its own generator it leaves the caller's
         # torch RNG alone. (The dataset seeds augmentation itself, per batch.)
         generator=torch.Generator().manual_seed(dataset.seed),
     )
-    return ShardLoader(dataset, loader, start_method=multiprocessing_context)
+    return ShardLoader(dataset, loader, timeout=timeout)
 
 
 class ShardLoader:
@@ -104,12 +109,10 @@ class ShardLoader:
     not yet delivered exactly once (see :mod:`.epoch.elastic`).
     """
 
-    def __init__(
-        self, dataset: ShardDataset, dataloader: DataLoader[Any], *, start_method: str | None = None
-    ) -> None:
+    def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Any], *, timeout: float = 0) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
-        self._start_method = start_method  # the caller's choice; None: chosen as workers start
+        self.timeout = timeout  # seconds without a batch from live workers (0: no limit)
         # With dataset.decode_on the workers send raw batches, decoded here (device.py).
         self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
         self._loaded = False  # a state was loaded: an eval pass resumes too
@@ -146,12 +149,9 @@ class ShardLoader:
             ds.forget_buffers()
         done = delivered >= total
         if self.num_workers > 0:
-            # Read only when workers start (the first pass, or every pass without persistent workers).
-            if self._start_method is None:
-                self.dataloader.multiprocessing_context = _start_method(ds)
             self.dataloader.worker_init_fn = functools.partial(_end_with, os.getpid())
         # Raw batches with decode_on (decoded here), else finished ones.
-        source = _timed(self.dataloader, self.dataloader.timeout, self.num_workers)
+        source = _timed(self.dataloader, self.timeout, self.num_workers)
         batches: Iterable[Batch] = source if self.decoder is None else self.decoder.stream(source)
         for batch in batches:
             self._give_back()
@@ -275,53 +275,37 @@ class ShardLoader:
         self._loaded = True
 
 
-def _start_method(dataset: ShardDataset) -> str | None:
-    """How DataLoader workers starting now are started: ``None`` (fork, on Linux) or ``"forkserver"``.
+def _timed(loader: DataLoader[Any], timeout: float, workers: int) -> Iterator[Any]:
+    """``loader``'s batches; ``timeout`` seconds without one is :class:`LoaderTimeoutError`.
 
-    ``fork`` copies only the calling thread. A thread that held one of the interpreter's locks at that
-    moment never releases it in the child, which then hangs inside ``os.fork()`` before running a line
-    (seen in a resumed Lightning DDP rank: gloo's threads, a trainer's threads). So once this process
-    runs more than one thread, or is a rank of a process group (whose C++ threads ``threading`` does not
-    list), workers start from a forkserver: a clean single-threaded process started for that purpose.
-    That pickles the dataset into each worker; a dataset that does not pickle (a lambda among its
-    stages) is forked as before, with a warning.
+    The DataLoader waits in rounds of at most :data:`_LIVENESS_SECONDS` and checks after each that
+    its workers live; a round that ends empty is added up here. A dead worker is a
+    :class:`WorkerError` naming it, its exit code or signal, and the likely cause.
     """
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if threading.active_count() == 1 and not distributed:
-        return None
-    try:
-        pickle.dumps(dataset)
-    except Exception as e:  # any pickling failure: lambdas, local classes, open handles
-        warnings.warn(
-            f"this process runs several threads, so DataLoader workers should start from a "
-            f"forkserver, but the dataset does not pickle ({type(e).__name__}: {e}); forking them, "
-            "which can hang a worker at start-up: define the dataset's stages at module level",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        return None
-    # The server imports what every worker needs once; each worker is then forked from it ready,
-    # instead of importing torch itself. (A no-op once the server runs; __main__ is the default's.)
-    multiprocessing.set_forkserver_preload(["__main__", "torch", "imgshards.loader"])
-    return "forkserver"
-
-
-def _timed(batches: Iterable[Any], timeout: float, workers: int) -> Iterator[Any]:
-    """``batches``, with the DataLoader's timeout raised as :class:`LoaderTimeoutError`."""
-    it = iter(batches)
+    it = iter(loader)
+    waited = 0.0
     while True:
+        start = time.monotonic()
         try:
             batch = next(it)
         except StopIteration:
             return
         except RuntimeError as e:
+            message = str(e)
+            if message.startswith("DataLoader worker"):  # "... exited unexpectedly", "... is killed by"
+                died = worker_died(getattr(it, "_workers", []))
+                raise (died or WorkerError(message)) from None
             # DataLoader raises a plain RuntimeError("DataLoader timed out after N seconds").
-            if not str(e).startswith("DataLoader timed out"):
+            if not message.startswith("DataLoader timed out"):
                 raise
-            raise LoaderTimeoutError(
-                f"no batch came from the {workers} DataLoader worker(s) in {timeout:g} s: a worker is "
-                "stuck or never started; make_loader(timeout=...) sets the wait (0: none)"
-            ) from None
+            waited += time.monotonic() - start
+            if timeout and waited >= timeout:
+                raise LoaderTimeoutError(
+                    f"no batch came from the {workers} DataLoader worker(s) in {timeout:g} s: a worker "
+                    "is stuck; make_loader(timeout=...) sets the wait (0: none)"
+                ) from None
+            continue
+        waited = 0.0
         yield batch
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "ManifestError",
     "ResumeError",
     "ShardReadError",
+    "WorkerError",
 ]
 
 
@@ -70,6 +71,10 @@ class ImageShapeError(ImgshardsError, ValueError):
 
 class LoaderTimeoutError(ImgshardsError, TimeoutError):
     """No batch came from the DataLoader workers within ``make_loader(timeout=...)`` seconds."""
+
+
+class WorkerError(ImgshardsError, RuntimeError):
+    """A DataLoader worker ended (killed, crashed, exited) or could not start; the message says why."""
 
 
 class ResumeError(ImgshardsError):

@@ -3,7 +3,8 @@
 The convention (stated for writers in docs/README.md):
 
 - a ```bash block runs with ``bash -e``, a ```python block with this environment's ``python``, each as
-  a script of its own (a python block defines every name it uses: it runs as pasted);
+  a script of its own, saved to a file as a user saves it (``python block.py``: ``__file__`` set, no
+  ``__main__`` guard added; a python block defines every name it uses: it runs as pasted);
 - the blocks of one page run in order, in one fresh temporary directory (their cwd), which starts
   holding ``photos/``: a small ImageFolder tree, ``photos/train/<class>/*.jpg`` and
   ``photos/val/<class>/*.jpg``. A block makes what it needs (``imgshards pack photos/train shards``);
@@ -109,7 +110,10 @@ def run_block(block: Block, cwd: Path) -> subprocess.CompletedProcess[str]:
     if block.lang == "bash":
         cmd = ["bash", "-e", "-c", block.code, block.where]
     elif block.lang == "python":
-        cmd = [sys.executable, "-c", block.code]
+        # As a user saves it: a worker started by spawn or a forkserver would run the file again.
+        script = cwd / f"{block.page.stem}_{block.line}.py"
+        script.write_text(block.code)
+        cmd = [sys.executable, script.name]
     else:
         raise ValueError(f"{block.where}: a ```{block.lang} block is not run")
     return subprocess.run(
@@ -165,6 +169,17 @@ def test_block_runs(block: Block, page_dirs):
     except BaseException:
         failed[block.page] = block.where
         raise
+
+
+def test_the_readme_loop_runs_as_a_file_inside_tqdm(tmp_path):
+    # tqdm's monitor thread runs while the val loader's workers start.
+    blocks = extract_blocks(ROOT / "README.md")
+    pack = next(b for b in blocks if b.lang == "bash" and "imgshards pack" in b.code)
+    loop = next(b for b in blocks if b.lang == "python" and "for batch in loader:" in b.code)
+    code = "from tqdm import tqdm\n" + loop.code.replace("for batch in loader:", "for batch in tqdm(loader):")
+    make_photos(tmp_path)
+    check_block(pack, tmp_path)
+    check_block(Block(loop.page, "python", loop.line, code, None), tmp_path)
 
 
 # ---- the runner itself -----------------------------------------------------------------------------

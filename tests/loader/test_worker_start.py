@@ -1,12 +1,14 @@
-"""How DataLoader workers start: forked while the process runs one thread, from a forkserver after.
+"""How DataLoader workers start: forked, as PyTorch does on Linux, with a hung fork replaced.
 
-A worker forked while another thread holds an interpreter lock can hang inside ``os.fork()`` for ever
-(seen in a resumed Lightning DDP rank). These tests run real workers with a real second thread alive.
+A worker forked while another thread holds a lock the child needs can hang inside ``os.fork()`` for
+ever (seen in a resumed Lightning DDP rank). These tests run real workers with a real second thread
+alive, real hung forks (an at-fork handler that blocks), and real dead workers.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,7 +19,7 @@ import pytest
 import torch
 import webdataset as wds
 
-from imgshards.loader import LoaderTimeoutError, ShardDataset, make_loader
+from imgshards.loader import LoaderTimeoutError, ShardDataset, WorkerError, make_loader
 
 IDENTITY = torch.nn.Identity()
 
@@ -44,51 +46,114 @@ def stall(samples):
         yield from ()
 
 
-def test_one_thread_forks_the_workers(packed_many):
-    # In a fresh process: this one runs tqdm's monitor thread, started by the packing fixtures.
-    code = (
-        "import sys, threading, torch\n"
-        "from imgshards.loader import ShardDataset, make_loader\n"
-        "ds = ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity())\n"
-        "loader, threads = make_loader(ds, num_workers=2), threading.active_count()\n"
-        "n = sum(1 for _ in loader)\n"
-        "print(threads, loader.dataloader.multiprocessing_context, n == len(loader))\n"
+def die(samples):
+    """A user stage that ends its worker at once, as a crash would."""
+    os._exit(7)
+    yield from samples
+
+
+def run(code: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=timeout
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(packed_many)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "None", "True"]
 
 
-def test_with_another_thread_alive_workers_start_from_a_forkserver_and_give_the_same_batches(
-    packed_many, lookup_many, second_thread
-):
-    def loader():
-        return make_loader(ShardDataset(packed_many, batch_size=8, transform=IDENTITY), num_workers=2)
-
-    forked = lookup_many.run_keys(make_loader(ShardDataset(packed_many, batch_size=8, transform=IDENTITY),
-                                              num_workers=2, multiprocessing_context="fork"))  # fmt: skip
-    served = loader()
-    assert lookup_many.run_keys(served) == forked
-    assert start_method(served) == "forkserver"
-    served.set_epoch(1)
-    assert lookup_many.run_keys(served) != forked, "the next epoch, through the same persistent workers"
+def test_workers_are_forked_with_one_thread_or_many(packed_many, lookup_many, second_thread):
+    # A lambda among the stages: with fork the dataset is never pickled.
+    ds = ShardDataset(packed_many, batch_size=8, transform=IDENTITY, raw_stages=[wds.map(lambda s: s)])
+    loader = make_loader(ds, num_workers=2)
+    keys = lookup_many.run_keys(loader)
+    assert start_method(loader) == "fork"
+    plain = make_loader(ShardDataset(packed_many, batch_size=8, transform=IDENTITY), num_workers=2,
+                        multiprocessing_context="fork")  # fmt: skip
+    assert keys == lookup_many.run_keys(plain) and len(keys) == len(loader)
+    loader.set_epoch(1)
+    assert lookup_many.run_keys(loader) != keys, "the next epoch, through the same persistent workers"
 
 
 def test_the_callers_start_method_is_kept(packed_many, second_thread):
     ds = ShardDataset(packed_many, batch_size=8, transform=IDENTITY)
-    loader = make_loader(ds, num_workers=2, multiprocessing_context="fork")
+    loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
     next(iter(loader))
-    assert start_method(loader) == "fork"
+    assert start_method(loader) == "spawn"
 
 
-def test_a_dataset_that_does_not_pickle_is_forked_with_a_warning(packed_many, lookup_many, second_thread):
-    ds = ShardDataset(packed_many, batch_size=8, transform=IDENTITY, raw_stages=[wds.map(lambda s: s)])
-    loader = make_loader(ds, num_workers=2)
-    with pytest.warns(RuntimeWarning, match="the dataset does not pickle .*define the dataset's stages at"):
-        keys = lookup_many.run_keys(loader)
-    assert start_method(loader) is None and len(keys) == len(loader)
+# A fork that hangs as the real one did: an at-fork handler in the child waits on a lock that a thread
+# of the parent held at the fork (for the first HANGS forks), so the child never runs a line.
+HUNG_FORKS = """
+import json, os, sys, threading, time, torch
+from imgshards.loader import ShardDataset, WorkerError, make_loader
+
+hangs, forks = int(sys.argv[2]), [0]
+held = threading.Lock()
+
+def before():
+    forks[0] += 1
+    if forks[0] <= hangs:
+        held.acquire()  # as a thread of the parent holding a lock at the fork
+
+def after_in_parent():
+    if held.locked():
+        held.release()
+
+os.register_at_fork(before=before, after_in_parent=after_in_parent, after_in_child=lambda: held.acquire())
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # a trainer's thread
+start = time.monotonic()
+try:
+    ds = ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity())
+    n = sum(len(b.labels) for b in make_loader(ds, num_workers=2))
+    print(json.dumps({"samples": n, "forks": forks[0], "seconds": time.monotonic() - start}))
+except WorkerError as e:
+    print(json.dumps({"error": str(e), "forks": forks[0], "seconds": time.monotonic() - start}))
+"""
+
+
+def test_a_worker_hung_in_fork_is_forked_again_and_the_epoch_is_whole(packed_many, lookup_many):
+    done = run(HUNG_FORKS, packed_many, 1)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    expected = make_loader(ShardDataset(packed_many, batch_size=8, transform=IDENTITY), num_workers=2)
+    assert got["samples"] == sum(len(b.labels) for b in expected)
+    assert got["forks"] == 3  # the hung one, its replacement, the second worker
+
+
+def test_a_fork_that_always_hangs_is_an_error_naming_the_way_out(packed_many):
+    done = run(HUNG_FORKS, packed_many, 1000)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert "did not start" in got["error"] and "multiprocessing_context='forkserver'" in got["error"]
+    assert got["seconds"] < 15
+
+
+@pytest.mark.parametrize("timeout", [600.0, 0.0])
+def test_a_worker_that_dies_at_start_is_an_error_within_seconds(packed_many, second_thread, timeout):
+    ds = ShardDataset(packed_many, batch_size=8, transform=IDENTITY, raw_stages=[die])
+    loader = make_loader(ds, num_workers=2, timeout=timeout)
+    start = time.monotonic()
+    says = r"^DataLoader worker \d \(pid \d+\) exited with code 7: .*os\._exit"
+    with pytest.raises(WorkerError, match=says):
+        next(iter(loader))
+    assert time.monotonic() - start < 10
+
+
+def read_marker(samples):
+    """A module-level stage: the worker's environment, read as it runs."""
+    for sample in samples:
+        assert os.environ.get("IMGSHARDS_TEST_MARKER") == "set late", "the worker has an old environment"
+        yield sample
+
+
+def test_the_environment_of_the_moment_reaches_a_later_loaders_workers(packed_many, second_thread):
+    first = make_loader(ShardDataset(packed_many, batch_size=8, transform=IDENTITY), num_workers=2)
+    next(iter(first))  # its workers run; this process has their queues' threads too
+    assert threading.active_count() > 1
+    os.environ["IMGSHARDS_TEST_MARKER"] = "set late"
+    try:
+        ds = ShardDataset(packed_many, batch_size=8, transform=IDENTITY, raw_stages=[read_marker])
+        later = make_loader(ds, num_workers=2)
+        assert sum(1 for _ in later) == len(later)
+    finally:
+        del os.environ["IMGSHARDS_TEST_MARKER"]
 
 
 def test_a_stuck_worker_raises_after_the_timeout_not_never(packed_many):
@@ -112,7 +177,9 @@ KILLED = """
 import json, os, signal, sys, threading, torch
 from imgshards.loader import ShardDataset, make_loader
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # a trainer's thread
-loader = make_loader(ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity()), num_workers=2)
+context = None if sys.argv[3] == "-" else sys.argv[3]
+ds = ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity())
+loader = make_loader(ds, num_workers=2, multiprocessing_context=context)
 next(iter(loader))
 workers = [p.pid for p in loader.dataloader._iterator._workers]
 method = loader.dataloader.multiprocessing_context.get_start_method()
@@ -132,12 +199,13 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_workers_from_a_forkserver_end_with_the_training_process(packed_many, how):
-    done = subprocess.run(
-        [sys.executable, "-c", KILLED, str(packed_many), how], capture_output=True, text=True, timeout=180
-    )
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_end_with_the_training_process(packed_many, how, method):
+    # Forked workers watch their parent (DataLoader's own watchdog); a forkserver's, the trainer
+    # (make_loader's worker_init_fn), as the server outlives it.
+    done = run(KILLED, packed_many, how, "-" if method == "fork" else method, timeout=180)
     started = json.loads(done.stdout)
-    assert started["method"] == "forkserver" and len(started["workers"]) == 2
+    assert started["method"] == method and len(started["workers"]) == 2
     deadline = time.monotonic() + 10
     while any(map(alive, started["workers"])) and time.monotonic() < deadline:
         time.sleep(0.2)
