@@ -128,6 +128,7 @@ class Measure(NamedTuple):
     rate: float  # images/s from the second batch on
     cpu: float  # CPU ms per image of all its processes over the whole run, start-up included
     window_cpu: float | None  # CPU ms per image of its live processes over the timed batches only
+    first_s: float | None = None  # seconds from building the pipeline to its first batch (worker start)
 
 
 def live_cpu_seconds() -> float | None:
@@ -159,9 +160,10 @@ def _ms_per_image(before: float | None, after: float | None, images: int) -> flo
 
 def timed(make_batches: Callable[[], Iterable], limit: int) -> Measure:
     """Time a pipeline's batches from the second on, until ``limit`` images have come."""
-    cpu0 = cpu_seconds()
+    cpu0, begin = cpu_seconds(), time.perf_counter()
     it = iter(make_batches())
     first = len(next(it)[0])
+    first_s = time.perf_counter() - begin
     live0 = live_cpu_seconds()
     start, seen = time.perf_counter(), 0
     for images, _ in it:
@@ -175,7 +177,7 @@ def timed(make_batches: Callable[[], Iterable], limit: int) -> Measure:
     window = _ms_per_image(live0, live_cpu_seconds(), seen)
     del it  # stops and joins the workers, so their CPU time is counted
     gc.collect()
-    return Measure(rate, (cpu_seconds() - cpu0) / (seen + first) * 1e3, window)
+    return Measure(rate, (cpu_seconds() - cpu0) / (seen + first) * 1e3, window, first_s)
 
 
 def run_imgshards(name: str, args: argparse.Namespace) -> Measure:
@@ -377,7 +379,7 @@ def against(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="imgshards-against-") as tmp:
         print(f"installing {args.against} into a temporary venv ...", file=sys.stderr)
         ref_python = install_ref(args.against, Path(tmp), args.repo)
-        contenders: dict[str, Callable[[str], tuple[float, float]]] = {
+        contenders: dict[str, Callable[[str], Measure]] = {
             "imgshards": lambda name: run_in(sys.executable, name, args),
             "ref": lambda name: run_in(ref_python, name, args),
             "limit": lambda name: run_cpu_limit(name, args),
@@ -385,10 +387,13 @@ def against(args: argparse.Namespace) -> None:
         rates: dict[str, dict[str, list[float]]] = {}
         cpus: dict[str, dict[str, list[float]]] = {}
         windows: dict[str, dict[str, list[float]]] = {}
+        firsts: dict[str, dict[str, list[float]]] = {}
         for r in range(args.rounds):
             for name in args.presets:
                 for key, run in contenders.items():
-                    rate, cpu, window = run(name)
+                    rate, cpu, window, first_s = run(name)
+                    if first_s is not None:
+                        firsts.setdefault(name, {}).setdefault(key, []).append(first_s)
                     rates.setdefault(name, {}).setdefault(key, []).append(rate)
                     cpus.setdefault(name, {}).setdefault(key, []).append(cpu)
                     if window is not None:
@@ -421,6 +426,13 @@ def against(args: argparse.Namespace) -> None:
         # The same over the timed batches only, from /proc: no start-up, and a host's load that
         # takes the CPUs away (a VM's steal) is not counted.
         _cpu_table("CPU ms/img over the timed batches", windows, args.against)
+    # Time to the first batch: the workers' start (fork or otherwise), their first shard, first batch.
+    print(f"| preset | first batch (s): this | at {args.against} | {args.against} / this |")
+    print("|---|---:|---:|---:|")
+    for name, by in firsts.items():
+        ours, theirs = (statistics.median(by[k]) for k in ("imgshards", "ref"))
+        print(f"| {name} | {ours:.3f} | {theirs:.3f} | {theirs / ours:.3f} |")
+    print()
     print(
         "rounds (images/s): "
         + json.dumps({n: {k: [round(x) for x in v] for k, v in by.items()} for n, by in rates.items()})
