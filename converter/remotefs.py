@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from .errors import DestinationError
 
-__all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "one_line", "with_timeouts"]
+__all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "no_credentials", "one_line", "with_timeouts"]
 
 DEFAULT_TIMEOUT = 20.0
 """Seconds a remote request may wait for the server: to connect, and for each next piece of its answer."""
@@ -60,17 +60,26 @@ def check_bucket(
             "and their permissions on the bucket"
         ) from None
     except Exception as e:  # the file system's own errors: botocore, aiohttp, google.auth...
-        name = type(e).__name__
-        if "Credentials" in name:  # botocore's NoCredentialsError, google.auth's DefaultCredentialsError
-            raise DestinationError(
-                f"no credentials for {url}: set them as the cloud SDK reads them (for S3: "
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as "
-                "storage options (imgshards: -o key=... -o secret=...)"
-            ) from None
         raise DestinationError(
-            f"cannot reach {url}{at}: {name}: {one_line(e)}; check the network and the endpoint "
-            "(storage option endpoint_url; imgshards: -o endpoint_url=URL)"
+            no_credentials(url, e)
+            or f"cannot reach {url}{at}: {type(e).__name__}: {one_line(e)}; check the network and the "
+            "endpoint (storage option endpoint_url; imgshards: -o endpoint_url=URL)"
         ) from None
+
+
+def no_credentials(url: str, e: BaseException) -> str | None:
+    """What to set, when ``e`` is the file system finding no credentials for ``url``; else None.
+
+    botocore's ``NoCredentialsError`` and ``PartialCredentialsError``, google.auth's
+    ``DefaultCredentialsError``: told by name, their packages are not imported here.
+    """
+    if "Credentials" not in type(e).__name__:
+        return None
+    return (
+        f"no credentials for {url}: set them as the cloud SDK reads them (for S3: AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as storage options "
+        "(imgshards: -o key=... -o secret=...)"
+    )
 
 
 def with_timeouts(url: str, storage_options: Mapping[str, Any] | None, timeout: float) -> dict[str, Any]:
