@@ -9,6 +9,7 @@ or access is denied.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -176,8 +177,13 @@ class Remote:
             return
         folder, _, base = name.rpartition("/")
         tmp = self.path(f"{folder}/.{base}.partial" if folder else f".{base}.partial")
-        self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
-        self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
+        try:
+            self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
+            self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
+        except BaseException:  # a full disk, Ctrl-C: no temporary file stays (where it can be removed)
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(tmp)
+            raise
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """Upload ``data`` to ``name``, as :meth:`put_file`."""

@@ -114,16 +114,20 @@ def test_another_tools_index_json_is_left_alone(foreign):
     assert (root / INDEX_NAME).read_text() == theirs
 
 
-def test_a_full_disk_is_one_line_and_leaves_nothing_behind(foreign, tmpfs):
+@pytest.mark.parametrize(
+    "scheme", ["", "local://"]
+)  # a directory; a URL of a file system without atomic puts
+def test_a_full_disk_is_one_line_and_leaves_nothing_behind(foreign, tmpfs, scheme):
     root, _ = foreign
     disk = tmpfs(sum(p.stat().st_size for p in root.iterdir()) + (1 << 20))
     shards = shutil.copytree(root, disk / "shards")
     before = sorted(p.name for p in shards.iterdir())
     tmpfs.fill(disk)  # _info.json, written first, finds the device full
-    result = CliRunner().invoke(cli, ["index", str(shards), "--workers", "1"])
+    result = CliRunner().invoke(cli, ["index", f"{scheme}{shards}", "--workers", "1"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.stderr.count("\n") == 1 and "No space left on device" in result.stderr
-    assert f"cannot write the index into {shards}" in result.stderr
+    written = f"upload _info.json at {scheme}{shards}" if scheme else f"write the index into {shards}"
+    assert f"cannot {written}" in result.stderr
     assert sorted(p.name for p in shards.iterdir()) == before  # no index, no ._info.json.partial
 
 
