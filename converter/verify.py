@@ -249,6 +249,9 @@ def verify(
 ) -> VerifyReport:
     """Check every shard of ``root`` against ``index.json``: presence, size, SHA-256, samples, labels.
 
+    A shard absent from one listing of ``root`` is reported missing there; the others are read by
+    worker processes, a batch of shards at a time.
+
     Raises:
         ManifestError: the index is missing or unreadable (that is not a shard problem).
 
@@ -260,9 +263,7 @@ def verify(
     there = [listed is None or shard.name in listed for _, shard in jobs]
     labels = {split: manifest.split(split).labels for split in {split for split, _ in jobs}}
     work = [(shard, labels[split]) for (split, shard), found in zip(jobs, there, strict=True) if found]
-    if not work:
-        return build_report(manifest, jobs, (([_missing(shard)], {}) for _, shard in jobs))
-    workers = min(workers or default_workers(), len(work))
+    workers = min(workers or default_workers(), max(1, len(work)))
     pool = start_pool(workers)
     try:
         check = partial(_check_local_shards, root, len(manifest.classes), manifest.class_to_idx)
