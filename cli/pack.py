@@ -22,6 +22,7 @@ from imgshards.converter import (
     tree_warnings,
 )
 from imgshards.converter import pack as pack_tree
+from imgshards.converter.tarwriter import END_AT_MOST, RECORD
 
 from .exits import BadData
 from .options import ByteSize, format_bytes, plural, shown
@@ -39,7 +40,9 @@ __all__ = ["pack", "print_summary", "summary_json"]
     type=ByteSize(),
     default=DEFAULT_SHARD_SIZE,
     show_default="256MB",
-    help="Close a shard before it passes this size (256MB, 1GiB...).",
+    help="Close a shard before its samples pass this size (256MB, 1GiB...). The tar's end adds up to "
+    f"{END_AT_MOST:,} bytes to the file (two end blocks, padding to a {RECORD:,}-byte record); an "
+    "image larger than this gets a shard of its own.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the global shuffle.")
 @click.option(

@@ -14,7 +14,9 @@ from .exits import BadData
 from .options import plural, shown
 from .storage import PathOrURL, join, storage_option, timeout_option
 
-__all__ = ["verify"]
+__all__ = ["SHOWN_PROBLEMS", "verify"]
+
+SHOWN_PROBLEMS = 20  # the first problems printed one a line; the rest are counted
 
 
 @click.command()
@@ -54,8 +56,11 @@ def verify(
         doc = {"index": str(index), "ok": report.ok, "shards": report.shards, "samples": report.samples}
         click.echo(json.dumps({**doc, "problems": problems}, indent=1))
     elif not quiet:
-        for problem in report.problems:
+        for problem in report.problems[:SHOWN_PROBLEMS]:
             click.echo(f"BAD {shown(str(problem))}", err=True)
+        more = len(report.problems) - SHOWN_PROBLEMS
+        if more > 0:  # a flood (a million missing shards) is summed up, not printed
+            click.echo(f"BAD ... and {plural(more, 'more problem')}; --json lists every one", err=True)
     if not report.ok:
         raise BadData(
             f"{plural(len(report.problems), 'problem')} in {plural(report.shards, 'shard')} of {dst}"

@@ -32,7 +32,8 @@ class PackConfig:
     Attributes:
         split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
             digits and underscores. With ``val_fraction``, the split of the rest of the tree.
-        shard_size: Shards are closed before they pass this many bytes (at least one sample each).
+        shard_size: Shards are closed before their members pass this many bytes (at least one
+            sample each); the end of the tar adds up to ``tarwriter.END_AT_MOST`` bytes to the file.
         seed: Seed of the global shuffle that mixes classes across shards.
         check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
             (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.

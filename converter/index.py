@@ -138,7 +138,8 @@ def index(
     Raises:
         SourceError: no shards match, or a shard cannot be opened.
         UnreadableSamplesError: a sample has no image or no label, or a shard is not a whole tar.
-        DestinationError: ``src`` holds an index of another tool, a split ``pack`` made (without
+        DestinationError: ``src`` is a URL that cannot be used (no credentials, no bucket: the
+            check ``pack`` makes), or holds an index of another tool, a split ``pack`` made (without
             ``overwrite``), a split sharing shards with this one, or splits with other classes.
 
     """

@@ -8,12 +8,29 @@ the command to run next. Standard library only, as :mod:`.manifest`, which reads
 from __future__ import annotations
 
 import contextlib
+import difflib
+import itertools
 import os
 from pathlib import Path
 
-__all__ = ["INDEX_NAME", "is_url", "local_path", "no_index", "not_a_dataset", "url_typo"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "INDEX_NAME",
+    "image_tree",
+    "is_url",
+    "local_path",
+    "missing_path",
+    "no_index",
+    "not_a_dataset",
+    "url_typo",
+]
 
 INDEX_NAME = "index.json"
+# torchvision.datasets.folder.IMG_EXTENSIONS; copied, not imported: the converter needs no torch.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# Entries read in a folder to tell what it holds: a hint for a message, not a scan.
+_PEEK = 64
+_PEEK_FOLDERS = 8
 
 
 def is_url(root: object) -> bool:
@@ -67,7 +84,7 @@ def no_index(path: Path) -> str:
     """Why a local dataset has no index, and the command to run next."""
     folder = path.parent
     if path.name != INDEX_NAME or not folder.is_dir():  # an index file named outright, or a race
-        return f"{path} does not exist: check the path"
+        return f"{path} does not exist: {missing_path(path)}"
     if (folder / ".imgshards").is_dir():
         return (
             f"no {INDEX_NAME} in {folder}: `imgshards pack` has not finished there; run the same pack "
@@ -81,4 +98,66 @@ def no_index(path: Path) -> str:
                 f"if another tool wrote these shards, run `imgshards index {folder}` once (per split: "
                 "--split NAME --shards 'GLOB') to read them as a dataset"
             )
+    tree = image_tree(folder)
+    if tree is not None:  # the tree to pack, given where the shards were meant
+        what = "is an ImageFolder tree" if tree == folder else f"holds the ImageFolder tree {tree}"
+        return (
+            f"no {INDEX_NAME} in {folder}: it {what} (class folders of images), not a packed dataset; "
+            f"pack it into a new directory with `imgshards pack {tree} DST`, then give DST here"
+        )
     return f"no {INDEX_NAME} in {folder}: not a packed dataset; make one with `imgshards pack SRC {folder}`"
+
+
+def image_tree(folder: Path) -> Path | None:
+    """``folder`` if it looks like an ImageFolder tree, else its first subfolder that does, else None.
+
+    A tree is a folder with a subfolder that holds an image at its top. Reads a few dozen entries of
+    a few folders only: it picks the message for a folder given where a dataset was expected.
+    """
+    subfolders = _subfolders(folder)
+    if any(_holds_image(sub) for sub in subfolders[:_PEEK_FOLDERS]):
+        return folder
+    for sub in subfolders[:_PEEK_FOLDERS]:  # photos/ holding train/ and val/
+        if any(_holds_image(inner) for inner in _subfolders(sub)[:_PEEK_FOLDERS]):
+            return sub
+    return None
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(Path(e.path) for e in itertools.islice(it, _PEEK) if e.is_dir())
+    except OSError:
+        return []
+
+
+def _holds_image(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            return any(e.name.lower().endswith(IMG_EXTENSIONS) for e in itertools.islice(it, _PEEK))
+    except OSError:
+        return False
+
+
+def missing_path(path: Path) -> str:
+    """What to do about ``path``, which does not exist: the closest name there is, or where to look.
+
+    The first component that does not exist is compared with the folders beside it (``difflib``):
+    ``photos/trian`` -> ``did you mean photos/train?``; with none close, ``check the path: `ls photos```.
+    """
+    parts = path.parts
+    for i in range(len(parts)):
+        if not os.path.lexists(Path(*parts[: i + 1])):
+            break
+    else:
+        return "check the path"
+    parent = Path(*parts[:i]) if i else Path(".")
+    try:
+        with os.scandir(parent) as it:
+            names = [e.name for e in itertools.islice(it, 10_000) if e.is_dir()]
+    except OSError:
+        names = []
+    close = difflib.get_close_matches(parts[i], names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {Path(*parts[:i], close[0], *parts[i + 1 :])}?"
+    return f"check the path: `ls {parent}` shows what is there"

@@ -42,8 +42,9 @@ from typing import Any
 
 from .errors import ManifestError
 from .labels import label_value
-from .locate import INDEX_NAME, is_url, local_path, no_index, not_a_dataset
+from .locate import INDEX_NAME, is_url, local_path, missing_path, no_index, not_a_dataset
 from .offsets import BLOCK, decode_offsets
+from .remotefs import no_credentials, one_line
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -326,7 +327,7 @@ def read_manifest(
     path = local_path(root)
     if not os.path.lexists(path):
         raise ManifestError(
-            f"{path} does not exist: check the path (a dataset is the directory `imgshards pack` wrote)"
+            f"{path} does not exist: {missing_path(path)} (a dataset is the directory `imgshards pack` wrote)"
         )
     if path.is_dir():
         path = path / INDEX_NAME
@@ -365,5 +366,7 @@ def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest
     except ImportError as e:  # fsspec names the package its protocol needs
         raise ManifestError(f"cannot read {index_url}: {e}") from e
     except Exception as e:  # the file system's own errors (aiohttp, botocore...), not importable here
-        raise ManifestError(f"cannot read {index_url}: {type(e).__name__}: {e}") from e
+        raise ManifestError(
+            no_credentials(url, e) or f"cannot read {index_url}: {type(e).__name__}: {one_line(e)}"
+        ) from e
     return Manifest.from_json(parse_index(raw, index_url), where=index_url)

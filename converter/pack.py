@@ -43,7 +43,7 @@ from .engine import Engine, make_engine
 from .errors import DestinationError, SourceError
 from .failures import explained
 from .formats import main_format
-from .locate import url_typo
+from .locate import missing_path, url_typo
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, estimated_sample_bytes
 from .pool import Progress
@@ -92,8 +92,10 @@ def pack(
     src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
     if dst_path == src_path or src_path in dst_path.parents:
         raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
+    if not src_path.exists():
+        raise SourceError(f"source directory {os.fspath(src)} does not exist: {missing_path(Path(src))}")
     if not src_path.is_dir():
-        raise SourceError(f"source directory {src_path} does not exist or is not a directory")
+        raise SourceError(f"source {os.fspath(src)} is not a directory; give the root of an ImageFolder tree")
     suspicious = tree_warnings(src, dst=os.fspath(dst))  # the paths as the caller wrote them
     if config.strict and suspicious:
         raise SourceError(f"refused (strict): {suspicious[0]}")

@@ -9,6 +9,7 @@ or access is denied.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 from .errors import DestinationError
 
-__all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "one_line", "with_timeouts"]
+__all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "no_credentials", "one_line", "with_timeouts"]
 
 DEFAULT_TIMEOUT = 20.0
 """Seconds a remote request may wait for the server: to connect, and for each next piece of its answer."""
@@ -60,17 +61,26 @@ def check_bucket(
             "and their permissions on the bucket"
         ) from None
     except Exception as e:  # the file system's own errors: botocore, aiohttp, google.auth...
-        name = type(e).__name__
-        if "Credentials" in name:  # botocore's NoCredentialsError, google.auth's DefaultCredentialsError
-            raise DestinationError(
-                f"no credentials for {url}: set them as the cloud SDK reads them (for S3: "
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as "
-                "storage options (imgshards: -o key=... -o secret=...)"
-            ) from None
         raise DestinationError(
-            f"cannot reach {url}{at}: {name}: {one_line(e)}; check the network and the endpoint "
-            "(storage option endpoint_url; imgshards: -o endpoint_url=URL)"
+            no_credentials(url, e)
+            or f"cannot reach {url}{at}: {type(e).__name__}: {one_line(e)}; check the network and the "
+            "endpoint (storage option endpoint_url; imgshards: -o endpoint_url=URL)"
         ) from None
+
+
+def no_credentials(url: str, e: BaseException) -> str | None:
+    """What to set, when ``e`` is the file system finding no credentials for ``url``; else None.
+
+    botocore's ``NoCredentialsError`` and ``PartialCredentialsError``, google.auth's
+    ``DefaultCredentialsError``: told by name, their packages are not imported here.
+    """
+    if "Credentials" not in type(e).__name__:
+        return None
+    return (
+        f"no credentials for {url}: set them as the cloud SDK reads them (for S3: AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as storage options "
+        "(imgshards: -o key=... -o secret=...)"
+    )
 
 
 def with_timeouts(url: str, storage_options: Mapping[str, Any] | None, timeout: float) -> dict[str, Any]:
@@ -167,8 +177,13 @@ class Remote:
             return
         folder, _, base = name.rpartition("/")
         tmp = self.path(f"{folder}/.{base}.partial" if folder else f".{base}.partial")
-        self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
-        self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
+        try:
+            self._retry(f"upload {name}", lambda: self.fs.put_file(str(local), tmp))
+            self._retry(f"rename {name}", lambda: self.fs.mv(tmp, final))
+        except BaseException:  # a full disk, Ctrl-C: no temporary file stays (where it can be removed)
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(tmp)
+            raise
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """Upload ``data`` to ``name``, as :meth:`put_file`."""

@@ -182,18 +182,25 @@ def write_atomic(path: Path, data: bytes, *, root: Path | None = None) -> None:
         root: The trusted directory above ``path``; the directories between are walked without
             following a link. ``None`` trusts ``path``'s directory as is.
 
+    On any failure the temporary file is removed: a full disk leaves the directory as it was.
+
     Raises:
         DestinationError: a directory below ``root`` is a link.
 
     """
     tmp = f".{path.name}.partial"
     with _dir_of(path, root) as dir_fd:
-        with _naming(path.with_name(tmp)), os.fdopen(_create_at(dir_fd, tmp), "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        with _naming(path):
-            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a link, never follows
+        try:
+            with _naming(path.with_name(tmp)), os.fdopen(_create_at(dir_fd, tmp), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            with _naming(path):  # replaces a link, never follows one
+                os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:  # a full disk, a directory in the way, Ctrl-C: no temporary file stays
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
         os.fsync(dir_fd)
 
 

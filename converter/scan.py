@@ -30,11 +30,10 @@ import numpy as np
 
 from .check import Reason
 from .errors import SourceError, printable
+from .locate import IMG_EXTENSIONS, missing_path
 
 __all__ = ["IMG_EXTENSIONS", "SPLIT_NAMES", "PathTable", "Reject", "ScanResult", "scan_tree", "tree_warnings"]
 
-# torchvision.datasets.folder.IMG_EXTENSIONS; copied, not imported: the converter needs no torch.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # Folder names that mean a split of a dataset, not a class of it.
 SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
 
@@ -210,7 +209,7 @@ def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
 
     """
     if not root.exists():
-        raise SourceError(f"source directory {root} does not exist")
+        raise SourceError(f"source directory {root} does not exist: {missing_path(root)}")
     if not root.is_dir():
         raise SourceError(f"source {root} is not a directory; give the root of an ImageFolder tree")
     try:

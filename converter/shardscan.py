@@ -34,6 +34,7 @@ from .manifest import (
 )
 from .pool import default_workers, start_pool
 from .remote import write_index_url
+from .remotefs import Remote
 from .safefs import write_atomic
 from .tarsamples import checked_samples, shown
 from .tarstream import TarStream, stream_end
@@ -104,14 +105,10 @@ class ShardStore:
         self.url = is_url(src)
         self.storage_options = dict(storage_options)
         if self.url:
-            from fsspec.core import url_to_fs  # only for URLs: the converter needs no fsspec otherwise
-
-            self.root: Path | str = str(src).rstrip("/")
-            try:
-                self.fs, path = url_to_fs(self.root, **self.storage_options)
-            except ImportError as e:
-                raise SourceError(f"cannot read {src}: {e}") from e
-            self.path = str(path).rstrip("/")
+            remote = Remote(str(src), self.storage_options)
+            remote.check()  # as pack does: no credentials, no bucket, no endpoint is one line at once
+            self.root: Path | str = remote.url
+            self.fs, self.path = remote.fs, remote.root
         else:
             self.root = local_path(src)
             if not self.root.is_dir():

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 from typing import BinaryIO
 
-__all__ = ["BLOCK", "RECORD", "TarWriter", "member_size"]
+__all__ = ["BLOCK", "END_AT_MOST", "RECORD", "TarWriter", "member_size"]
 
 BLOCK = 512
 RECORD = BLOCK * 20  # tar archives are padded to whole records, as GNU tar and tarfile do
+# The most the end of an archive adds past its members (which end on a block): two zero blocks,
+# then padding to a whole record. A shard's size cap counts its members; its file may be this larger.
+END_AT_MOST = 2 * BLOCK + RECORD - BLOCK
 
 
 def _template() -> bytearray:

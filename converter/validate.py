@@ -16,7 +16,8 @@ with :func:`open_regular`. What holds afterwards:
   one start per sample, increasing, inside the shard (:func:`~.offsets.offsets_problem`).
 - There is at least one class, class names are distinct strings, and the per-class counts of every
   split line up with them.
-- The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON, nested at most ``MAX_DEPTH`` deep.
+- The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON, holding at most ``MAX_INDEX_VALUES``
+  values and keys (counted in the bytes before any is built), nested at most ``MAX_DEPTH`` deep.
 - Only regular files are opened as an index or a shard: never a FIFO (whose open would block), a
   device (``/dev/zero`` never ends) or a directory; a symlinked shard must resolve inside the root.
 
@@ -31,7 +32,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -41,6 +42,7 @@ from .offsets import offsets_problem
 __all__ = [
     "MAX_DEPTH",
     "MAX_INDEX_BYTES",
+    "MAX_INDEX_VALUES",
     "MAX_SHARD_BYTES",
     "MIN_SAMPLE_BYTES",
     "check_index",
@@ -51,6 +53,10 @@ __all__ = [
 ]
 
 MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~1 MB
+# Values and keys json.loads may build: each costs up to ~80 bytes of objects ([{"a":"bc"},...] is 3
+# of them in 11 bytes), so they are counted in the bytes first and an index at the size bound costs
+# under 2 GB, not tens. A shard entry is 9 or 10 of them: this is ~1.7 M shards.
+MAX_INDEX_VALUES = 1 << 24
 MAX_DEPTH = 32  # the format nests 6 deep; the pack arguments may nest a little more
 MAX_SHARD_BYTES = 1 << 40
 # The smallest sample a tar can hold: a header and a data block for the image, and for the label.
@@ -108,6 +114,14 @@ def parse_index(data: bytes, where: str) -> Any:
     """Parse the bytes of an index: bounded in size, UTF-8, JSON, bounded in depth."""
     if len(data) > MAX_INDEX_BYTES:
         raise ManifestError(f"{where} is over {MAX_INDEX_BYTES >> 20} MiB: not an imgshards index")
+    # An upper bound on the values and keys (each but the first follows a comma, a colon or an
+    # opening bracket; those inside strings only add to it), counted before json.loads builds any.
+    values = 1 + sum(data.count(c) for c in (b",", b":", b"[", b"{"))
+    if values > MAX_INDEX_VALUES:
+        raise ManifestError(
+            f"{where} holds over {MAX_INDEX_VALUES:,} JSON values and keys ({values:,} commas, colons and "
+            "brackets): not an imgshards index"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -125,13 +139,26 @@ def parse_index(data: bytes, where: str) -> Any:
 
 
 def _check_depth(document: Any, where: str) -> None:
-    stack = [(document, 1)]
+    """Refuse a document nested over ``MAX_DEPTH`` deep, walking it with one iterator a level.
+
+    The walk holds ``MAX_DEPTH`` iterators at most, never a copy of a list's items.
+    """
+    if not isinstance(document, (dict, list)):
+        return
+    stack = [_children(document)]  # stack[-1] iterates a container at depth len(stack)
     while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ManifestError(f"{where} is nested over {MAX_DEPTH} deep: not an imgshards index")
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((child, depth + 1) for child in children)
+        for node in stack[-1]:
+            if isinstance(node, (dict, list)) and node:
+                if len(stack) + 1 >= MAX_DEPTH:  # its children would be deeper than MAX_DEPTH
+                    raise ManifestError(f"{where} is nested over {MAX_DEPTH} deep: not an imgshards index")
+                stack.append(_children(node))
+                break
+        else:
+            stack.pop()
+
+
+def _children(node: dict[Any, Any] | list[Any]) -> Iterator[Any]:
+    return iter(node.values() if isinstance(node, dict) else node)
 
 
 def check_index(data: Mapping[str, Any], where: str) -> None:

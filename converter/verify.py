@@ -8,11 +8,13 @@ reads them (members grouped by adjacent keys), and a key met again after other s
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,6 +38,8 @@ __all__ = [
 
 _CHUNK = 1 << 20
 _PROBLEMS_PER_SHARD = 5
+_BATCHES_PER_WORKER = 8
+_BATCH_BYTES = 64 << 20
 
 
 def hash_file(path: str) -> str:
@@ -134,7 +138,7 @@ def check_shard_stream(
                 problems.append(f"unreadable tar ({e})")
             reader.drain()
     except FileNotFoundError:
-        return [f"missing (expected {expected.bytes} bytes)"], labels
+        return [_missing(expected)], labels
     except OSError as e:  # not a regular file, a symlink out of the dataset, unreadable
         return [f"unreadable ({e.strerror or e})"], labels
     if bad > _PROBLEMS_PER_SHARD:
@@ -170,7 +174,7 @@ def shard_jobs(manifest: Manifest, splits: list[str] | None) -> list[tuple[str, 
 def build_report(
     manifest: Manifest,
     jobs: list[tuple[str, ShardInfo]],
-    results: Iterable[tuple[list[str], Counter[int]]],
+    results: Iterable[tuple[list[str], Mapping[int, int]]],
 ) -> VerifyReport:
     """The report over ``jobs`` (split, shard) from their :func:`check_shard_stream` results, in order.
 
@@ -191,19 +195,62 @@ def build_report(
     return VerifyReport(shards=len(jobs), samples=samples, problems=tuple(problems))
 
 
-def _check_local_shard(
-    root: Path, expected: ShardInfo, num_classes: int, labels_from: LabelSource, class_to_idx: dict[str, int]
-) -> tuple[list[str], Counter[int]]:
-    def opener() -> BinaryIO:
-        return open_regular(root / expected.name, inside=root)
+def _missing(expected: ShardInfo) -> str:
+    return f"missing (expected {expected.bytes} bytes)"
 
-    return check_shard_stream(opener, expected, num_classes, labels_from, class_to_idx)
+
+def _check_local_shards(
+    root: Path, num_classes: int, class_to_idx: dict[str, int], batch: list[tuple[ShardInfo, LabelSource]]
+) -> list[tuple[list[str], dict[int, int]]]:
+    """:func:`check_shard_stream` on each shard of ``batch``; the labels as a dict, quick to send back."""
+
+    def check(expected: ShardInfo, labels_from: LabelSource) -> tuple[list[str], dict[int, int]]:
+        def opener() -> BinaryIO:
+            return open_regular(root / expected.name, inside=root)
+
+        problems, labels = check_shard_stream(opener, expected, num_classes, labels_from, class_to_idx)
+        return problems, dict(labels)
+
+    return [check(expected, labels_from) for expected, labels_from in batch]
+
+
+def _batches(
+    work: list[tuple[ShardInfo, LabelSource]], workers: int
+) -> Iterator[list[tuple[ShardInfo, LabelSource]]]:
+    """``work`` in order, cut into batches of a few shards for each worker to take one at a time.
+
+    A batch ends at ``_BATCH_BYTES`` (large shards go one by one and spread evenly over the workers)
+    or at 1/``_BATCHES_PER_WORKER`` of a worker's share (a million tiny or missing shards would cost
+    more to hand out one by one than to check).
+    """
+    most = max(1, math.ceil(len(work) / (workers * _BATCHES_PER_WORKER)))
+    batch: list[tuple[ShardInfo, LabelSource]] = []
+    size = 0
+    for item in work:
+        batch.append(item)
+        size += item[0].bytes
+        if len(batch) >= most or size >= _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _listed(root: Path) -> frozenset[str] | None:
+    """The names in ``root``, read once: a shard not among them is missing, no worker needs to look."""
+    try:
+        return frozenset(os.listdir(root))
+    except OSError:
+        return None  # then each shard is looked for by the worker that checks it
 
 
 def verify(
     root: str | os.PathLike[str], *, splits: list[str] | None = None, workers: int | None = None
 ) -> VerifyReport:
     """Check every shard of ``root`` against ``index.json``: presence, size, SHA-256, samples, labels.
+
+    A shard absent from one listing of ``root`` is reported missing there; the others are read by
+    worker processes, a batch of shards at a time.
 
     Raises:
         ManifestError: the index is missing or unreadable (that is not a shard problem).
@@ -212,13 +259,20 @@ def verify(
     root = Path(root)
     manifest: Manifest = read_manifest(root)
     jobs = shard_jobs(manifest, splits)
-    pool = start_pool(min(workers or default_workers(), max(1, len(jobs))))
+    listed = _listed(root)
+    there = [listed is None or shard.name in listed for _, shard in jobs]
+    labels = {split: manifest.split(split).labels for split in {split for split, _ in jobs}}
+    work = [(shard, labels[split]) for (split, shard), found in zip(jobs, there, strict=True) if found]
+    workers = min(workers or default_workers(), max(1, len(work)))
+    pool = start_pool(workers)
     try:
-        classes, to_idx = len(manifest.classes), manifest.class_to_idx
-        futures = [
-            pool.submit(_check_local_shard, root, shard, classes, manifest.split(split).labels, to_idx)
-            for split, shard in jobs
-        ]
-        return build_report(manifest, jobs, (future.result() for future in futures))
+        check = partial(_check_local_shards, root, len(manifest.classes), manifest.class_to_idx)
+        futures = [pool.submit(check, batch) for batch in _batches(work, workers)]
+        checked = (result for future in futures for result in future.result())
+        results = (
+            next(checked) if found else ([_missing(shard)], {})
+            for (_, shard), found in zip(jobs, there, strict=True)
+        )
+        return build_report(manifest, jobs, results)
     finally:
-        pool.shutdown()
+        pool.shutdown(cancel_futures=True)

@@ -6,6 +6,7 @@ type converts to plain JSON values (``to_json``), derived figures included.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
@@ -25,6 +26,7 @@ __all__ = [
     "Pipeline",
     "RunResult",
     "Verdict",
+    "WorkerRounds",
     "plot_sweep",
 ]
 
@@ -220,10 +222,16 @@ class Verdict:
     delivered_images_per_s: float
 
     @classmethod
-    def of(cls, run: RunResult, *, step_seconds: float, batch_size: int) -> Verdict:
-        """Judge ``run``, made with a simulated step of ``step_seconds`` per batch of ``batch_size``."""
+    def of(
+        cls, run: RunResult, *, step_seconds: float, batch_size: int, delivered: float | None = None
+    ) -> Verdict:
+        """Judge ``run``, made with a simulated step of ``step_seconds`` per batch of ``batch_size``.
+
+        ``delivered``: the images/s to judge, when not ``run``'s own (:meth:`WorkerRounds.verdict`
+        passes the median of its rounds, the rate its chart shows).
+        """
         model = batch_size / step_seconds
-        delivered = run.images_per_s
+        delivered = run.images_per_s if delivered is None else delivered
         if run.wait_share > LOADER_BOUND_WAIT:
             return cls(
                 bound="loader",
@@ -254,6 +262,50 @@ class Verdict:
             f"compute-bound: {waited}; the workers were busy {self.busy_share:.0%} of it: room for a "
             f"model up to {self.factor:.1f}x faster than {self.model_images_per_s:,.0f} images/s "
             "(at most: busy workers slow each other where they share cores)"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerRounds:
+    """One worker count's runs over the rounds of a sweep, and the one rate they are told by.
+
+    The rate is the median of the rounds' images/s: the chart, the table and the verdict all read
+    :attr:`images_per_s`, so they cannot say different numbers. The shares (the loop's wait, the
+    workers' busy time, their stages) are of all rounds added up (:attr:`combined`).
+    """
+
+    workers: int
+    runs: tuple[RunResult, ...]
+
+    @classmethod
+    def of(cls, reports: Iterable[BenchReport]) -> dict[int, WorkerRounds]:
+        """Worker count -> its imgshards runs over ``reports`` (one report a round), in sweep order."""
+        runs: dict[int, list[RunResult]] = {}
+        for report in reports:
+            for point in report.points:
+                runs.setdefault(point.workers, []).append(point.imgshards)
+        return {w: cls(w, tuple(r)) for w, r in runs.items()}
+
+    @property
+    def combined(self) -> RunResult:
+        """The rounds added up into one run (:meth:`RunResult.combine`)."""
+        return RunResult.combine(self.runs)
+
+    @property
+    def images_per_s(self) -> float:
+        """The median of the rounds' images/s."""
+        return statistics.median(r.images_per_s for r in self.runs)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The lowest and the highest round's images/s."""
+        rates = [r.images_per_s for r in self.runs]
+        return min(rates), max(rates)
+
+    def verdict(self, *, step_seconds: float, batch_size: int) -> Verdict:
+        """:meth:`Verdict.of` the rounds added up, judging the median rate (:attr:`images_per_s`)."""
+        return Verdict.of(
+            self.combined, step_seconds=step_seconds, batch_size=batch_size, delivered=self.images_per_s
         )
 
 

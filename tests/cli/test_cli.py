@@ -1,11 +1,13 @@
 """The CLI through click's CliRunner: exit codes and one-line errors, no tracebacks."""
 
 import json
+import tarfile
 
 import pytest
 from click.testing import CliRunner
 
 from imgshards.cli.main import cli
+from imgshards.converter.tarwriter import BLOCK, END_AT_MOST, RECORD
 
 
 @pytest.fixture
@@ -33,6 +35,23 @@ def test_pack_info_verify(run, tiny_tree, tmp_path):
     victim.write_bytes(victim.read_bytes()[:-512])
     broken = run("verify", str(out))
     assert broken.exit_code == 1 and victim.name in broken.output  # 1: the data is bad
+
+
+def test_shard_size_caps_the_samples_and_the_help_says_what_the_tar_end_adds(run, tiny_tree, tmp_path):
+    help_text = " ".join(run("pack", "--help").output.split())
+    assert "Close a shard before its samples pass this size" in help_text
+    assert f"The tar's end adds up to {END_AT_MOST:,} bytes to the file" in help_text
+    out = tmp_path / "out"
+    assert run("pack", str(tiny_tree), str(out), "--shard-size", "20kB", "--no-progress").exit_code == 0
+    shards = sorted(out.glob("train-*.tar"))
+    assert len(shards) > 3
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            last = tar.getmembers()[-1]
+        samples_end = last.offset_data + -(-last.size // BLOCK) * BLOCK  # headers and padding counted
+        assert samples_end <= 20_000, shard.name
+        size = shard.stat().st_size  # two end blocks, then padding to a whole record: as the help says
+        assert size == -(-(samples_end + 2 * BLOCK) // RECORD) * RECORD <= 20_000 + END_AT_MOST
 
 
 def test_demo_runs_end_to_end(run):

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,6 +113,55 @@ def test_a_typo_in_the_path_says_it_does_not_exist(tiny_packed, tmp_path):
         assert f"{typo} does not exist" in message and "index.json" not in message
     empty = run("info", tmp_path)  # exists, holds no dataset: says how to make one
     assert empty.exit_code == 2 and f"imgshards pack SRC {tmp_path}" in one_line_error(empty)
+
+
+def test_an_image_tree_given_for_a_dataset_says_to_pack_it_not_into_it(tiny_tree, tmp_path):
+    photos = tmp_path / "photos"
+    train = shutil.copytree(tiny_tree, photos / "train")
+    for command, target in (("info", train), ("verify", train), ("bench", train), ("info", photos)):
+        result = run(command, target, *(["--batches", "1"] if command == "bench" else []))
+        assert result.exit_code == 2
+        message = one_line_error(result)
+        assert f"pack it into a new directory with `imgshards pack {train} DST`" in message, message
+        assert f"pack SRC {target}" not in message  # never: write the shards into the image tree
+    assert sorted(p.name for p in photos.iterdir()) == ["train"]
+
+
+def test_a_source_that_does_not_exist_names_the_closest_folder_or_where_to_look(
+    tiny_tree, tmp_path, monkeypatch
+):
+    shutil.copytree(tiny_tree, tmp_path / "photos" / "train")
+    monkeypatch.chdir(tmp_path)
+    for typo, hint in (
+        ("photos/trian", "did you mean photos/train?"),
+        ("fotos/train", "did you mean photos/train?"),
+        ("photos/xyzzy", "check the path: `ls photos` shows what is there"),
+    ):
+        result = run("pack", typo, "out")
+        assert result.exit_code == 2
+        assert one_line_error(result) == f"Error: source directory {typo} does not exist: {hint}"
+    assert not (tmp_path / "out").exists()
+    info = run("info", "photos/trian")
+    assert "photos/trian does not exist: did you mean photos/train?" in one_line_error(info)
+
+
+def test_reading_a_url_without_credentials_says_what_to_set_as_pack_does(tiny_tree, tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata service here
+    with socket.socket() as s:  # a loopback port nothing listens on: nothing leaves this machine
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"--storage-option=endpoint_url=http://127.0.0.1:{s.getsockname()[1]}"
+    url = "s3://bucket/x"
+    packed = run("pack", tiny_tree, url, endpoint, "--no-progress")
+    said = one_line_error(packed)
+    assert packed.exit_code == 2 and said.startswith(f"Error: no credentials for {url}: set them")
+    for command in ("info", "verify", "index"):
+        result = run(command, url, endpoint)
+        assert result.exit_code == 2 and one_line_error(result) == said, command
 
 
 def test_a_ctrl_c_during_pack_says_that_running_it_again_resumes(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     """Mount a tmpfs of ``size`` bytes at a new directory (root only; skips the test where it cannot).
 
-    ``tmpfs(size)`` returns the mount point; ``tmpfs.remount(path, "ro")`` changes its options.
+    ``tmpfs(size)`` returns the mount point; ``tmpfs.remount(path, "ro")`` changes its options;
+    ``tmpfs.fill(path)`` writes ``path/filler`` until the device is full.
     Everything mounted is unmounted (lazily) at teardown.
     """
     mounted: list[Path] = []
@@ -32,6 +34,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         return path
 
     mount.remount = remount  # type: ignore[attr-defined]
+    mount.fill = fill  # type: ignore[attr-defined]
     yield mount
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
@@ -40,3 +43,14 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
 def remount(path: Path, options: str) -> None:
     """Change the mount options of the tmpfs at ``path`` (``"ro"``, ``"rw"``)."""
     subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Write ``disk/filler`` until the device is full."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC

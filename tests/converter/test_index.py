@@ -114,6 +114,33 @@ def test_another_tools_index_json_is_left_alone(foreign):
     assert (root / INDEX_NAME).read_text() == theirs
 
 
+@pytest.mark.parametrize(
+    "scheme", ["", "local://"]
+)  # a directory; a URL of a file system without atomic puts
+def test_a_full_disk_is_one_line_and_leaves_nothing_behind(foreign, tmpfs, scheme):
+    root, _ = foreign
+    disk = tmpfs(sum(p.stat().st_size for p in root.iterdir()) + (1 << 20))
+    shards = shutil.copytree(root, disk / "shards")
+    before = sorted(p.name for p in shards.iterdir())
+    tmpfs.fill(disk)  # _info.json, written first, finds the device full
+    result = CliRunner().invoke(cli, ["index", f"{scheme}{shards}", "--workers", "1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.count("\n") == 1 and "No space left on device" in result.stderr
+    written = f"upload _info.json at {scheme}{shards}" if scheme else f"write the index into {shards}"
+    assert f"cannot {written}" in result.stderr
+    assert sorted(p.name for p in shards.iterdir()) == before  # no index, no ._info.json.partial
+
+
+def test_an_index_that_cannot_be_put_in_place_leaves_no_temporary_file(foreign):
+    root, _ = foreign
+    (root / TIMM_INFO_NAME).mkdir()  # a directory holds the name, and is not empty: no rename onto it
+    (root / TIMM_INFO_NAME / "theirs").write_text("")
+    with pytest.raises(DestinationError, match=f"{TIMM_INFO_NAME} is a directory"):
+        index(root, IndexConfig(workers=1))
+    assert not list(root.glob(".*")), "a temporary file stayed"
+    assert not (root / INDEX_NAME).exists()
+
+
 def write(path, samples, **kw):
     with wds.TarWriter(str(path), **kw) as sink:
         for s in samples:

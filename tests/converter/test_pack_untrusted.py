@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import multiprocessing
 import os
@@ -51,17 +50,6 @@ def test_a_file_rewritten_in_place_is_found_and_its_shard_packed_again(tree_fact
     assert pack(src, out, CONFIG).shards_written == 0, "and a rerun of an unchanged tree redoes nothing"
 
 
-def fill(disk: Path) -> None:
-    """Write a file on ``disk`` until the device is full."""
-    with open(disk / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-
-
 def test_a_full_disk_is_one_line_that_says_how_much_room_and_that_a_rerun_resumes(tiny_tree, tmp_path, tmpfs):
     fresh = pack(tiny_tree, tmp_path / "fresh", CONFIG)
     shards = len(fresh.info.shards)
@@ -71,7 +59,7 @@ def test_a_full_disk_is_one_line_that_says_how_much_room_and_that_a_rerun_resume
     def fill_after_the_last_shard(path: Path, record: object) -> None:
         written.append(path)
         if len(written) == shards:  # the index, written last, then finds the device full
-            fill(out)
+            tmpfs.fill(out)
 
     with pytest.raises(PackError) as caught:
         pack(tiny_tree, out, CONFIG, hooks=PackHooks(on_shard=fill_after_the_last_shard))

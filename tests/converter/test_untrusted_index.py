@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from imgshards.cli.main import cli
 from imgshards.converter import ManifestError, read_manifest, verify
-from imgshards.converter.validate import MAX_DEPTH, check_relative_path
+from imgshards.converter.validate import MAX_DEPTH, MAX_INDEX_BYTES, MAX_INDEX_VALUES, check_relative_path
 
 HANG = 30  # seconds: what each of these took before was "forever"
 
@@ -197,6 +197,67 @@ def test_verify_reports_a_member_size_past_the_end_of_the_shard(ds):
     shard.write_bytes(bytes(data))
     done = cli_subprocess("verify", str(ds), "--workers", "1")
     assert done.returncode == 1 and "declares 1208925819614629174706176 bytes, past the end" in done.stderr
+
+
+# ---- an index at the size bound: memory and time in proportion to what it holds -----------------
+
+PEAK_RSS = 2.5e9  # bytes a command may take to read an index of MAX_INDEX_BYTES
+
+
+def pad_index(ds: Path, size: int, item: bytes) -> None:
+    """Give ``ds``'s index an unknown key holding ``item`` repeated, ``size`` bytes in all, written fast."""
+    head = (ds / "index.json").read_bytes().rstrip()[:-1] + b', "padding": ['
+    count = (size - len(head) - 3) // len(item)
+    chunk = item * 1_000_000
+    with open(ds / "index.json", "wb") as f:
+        f.write(head)
+        for _ in range(count // 1_000_000):
+            f.write(chunk)
+        f.write(item * (count % 1_000_000) + b"0]}")
+    assert (ds / "index.json").stat().st_size <= size
+
+
+def peak_rss(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run the CLI in a subprocess; return it and its peak resident memory in bytes.
+
+    A fresh parent waits for it, so the peak (``RUSAGE_CHILDREN``) is the command's alone; past
+    ``timeout`` seconds the parent kills it and the test fails.
+    """
+    parent = (
+        "import resource, subprocess, sys\n"
+        "try:\n"
+        f"    code = subprocess.run(sys.argv[1:], timeout={timeout}).returncode\n"
+        "except subprocess.TimeoutExpired:\n"
+        "    code = 124\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", parent, sys.executable, "-m", "imgshards.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+    )
+    *stderr, peak = done.stderr.splitlines()
+    assert done.returncode != 124, f"still running after {timeout} s"
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, "\n".join(stderr)), int(peak)
+
+
+def test_an_index_padded_with_small_values_is_refused_before_they_are_built(ds):
+    pad_index(ds, 200 << 20, b"0,")  # what took 7.4 GB, then a MemoryError traceback
+    done, peak = peak_rss("info", str(ds))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"{ds / 'index.json'} holds over {MAX_INDEX_VALUES:,} JSON values and keys" in done.stderr
+    assert peak < 1e9, f"{peak / 1e9:.1f} GB"
+
+
+def test_an_index_padded_to_the_size_bound_is_read_in_bounded_memory(ds):
+    pad_index(ds, MAX_INDEX_BYTES, b'"abcdefghijklmn",')  # as many objects as the bound on values lets in
+    assert (ds / "index.json").stat().st_size > MAX_INDEX_BYTES - 100
+    done, peak = peak_rss("info", str(ds))
+    assert done.returncode == 0, done.stderr
+    assert f"{ds}: 4 classes" in done.stdout and "train: 40 samples" in done.stdout
+    assert peak < PEAK_RSS, f"{peak / 1e9:.1f} GB"
 
 
 # ---- case 8: class names are printed escaped --------------------------------------------------------
