@@ -12,7 +12,7 @@ import click
 
 from .exits import CantRun
 from .options import format_bytes, plural
-from .storage import dataset_dir
+from .storage import PathOrURL
 
 if TYPE_CHECKING:
     from imgshards.loader.profiling.devicerun import DeviceRun
@@ -53,7 +53,7 @@ def _cpus() -> int:
 
 
 @click.command()
-@click.argument("dst", type=click.Path(path_type=Path), callback=lambda ctx, param, value: dataset_dir(value))
+@click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--split", default="train", show_default=True, help="Split to read.")
 @click.option(
     "--preset", type=click.Choice(PRESETS), default="train", show_default=True, help="Augmentation."
@@ -120,7 +120,7 @@ def _cpus() -> int:
     help="Progress bar on stderr [default: when stderr is a terminal].",
 )
 def bench(
-    dst: Path,
+    dst: Path | str,
     workers: int | None,
     sweep_workers: tuple[int, ...] | None,
     seconds: float | None,
@@ -135,6 +135,11 @@ def bench(
     collate, the batches ready ahead of the training loop, and peak memory. With --model-ms or
     --model-images-per-s, says whether training would be loader-bound or compute-bound.
     """
+    if isinstance(dst, str):  # a URL: the page-cache and reject accounting are a local folder's
+        raise CantRun(
+            f"imgshards bench measures a local dataset, not the URL {dst}: copy it into a folder "
+            "first (aws s3 sync, gsutil rsync...), then `imgshards bench FOLDER`"
+        )
     if workers is not None and sweep_workers is not None:
         raise click.UsageError("--workers and --sweep-workers both set the worker count; give one")
     if options["model_ms"] is not None and options["model_images_per_s"] is not None:

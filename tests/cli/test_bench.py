@@ -199,3 +199,11 @@ def test_plot_without_matplotlib_says_what_to_install(run, tiny_packed, tmp_path
     result = run(tiny_packed, "--sweep-workers", "1", "--plot", tmp_path / "p.png")
     assert result.exit_code == 2
     assert "pip install 'imgshards[plot]'" in result.output and "Traceback" not in result.output
+
+
+def test_a_url_is_one_line_naming_it_whole(run):
+    # click.Path folded s3://bucket/x into s3:/bucket/x and said it did not exist.
+    result = run("s3://bucket/x", *SHORT)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "the URL s3://bucket/x" in result.output
+    assert "imgshards bench FOLDER" in result.output
