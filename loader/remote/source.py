@@ -239,8 +239,11 @@ class _ProcessState:
         """Name -> size (None if unknown) of the files at the root, or None if it cannot be listed."""
         try:
             entries = self.fs.ls(self.path, detail=True)
-        except (OSError, NotImplementedError, ValueError):
-            return None
+        except Exception as e:  # no listing here (HTTP 403 or 404 for a directory, as nginx gives)
+            status = getattr(e, "status", None)  # aiohttp's ClientResponseError is no OSError
+            if isinstance(e, (OSError, NotImplementedError, ValueError)) or status in (403, 404, 405):
+                return None
+            raise
         sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
         return sizes if INDEX_NAME in sizes else None  # else not a listing of this dataset's root
 

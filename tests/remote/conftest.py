@@ -68,6 +68,7 @@ class ServerState:
     root: Path
     latency: float = 0.0
     listing: bool = True
+    no_listing: int = 404  # the status of a directory when listing is False (nginx without autoindex: 403)
     faults: list[Fault] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -108,7 +109,9 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     def list_directory(self, path):
         if self.state.listing:
             return super().list_directory(path)
-        self.send_error(404, "No listing")  # as most servers and CDNs: no page for a directory
+        self.send_error(
+            self.state.no_listing, "No listing"
+        )  # as most servers and CDNs: no page for a directory
         return None
 
     def do_GET(self) -> None:

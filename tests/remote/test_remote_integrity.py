@@ -186,6 +186,13 @@ def test_a_refused_or_missing_shard_fails_at_once(http_serve, remote_packed, tmp
     assert fix in message
 
 
+def test_a_server_that_refuses_to_list_the_root_is_read_all_the_same(http_serve, remote_packed, key_of):
+    base, state = http_serve(remote_packed, listing=False)
+    state.no_listing = 403  # nginx without autoindex
+    dataset = eval_dataset(ShardSource(base, chunk_size=CHUNK))
+    assert delivered(dataset, key_of, workers=0) == expected(remote_packed)
+
+
 def test_a_missing_local_shard_fails_at_once(remote_packed, tmp_path):
     root = copy_of(remote_packed, tmp_path)
     dataset = eval_dataset(str(root))
