@@ -165,7 +165,13 @@ def access_error(error: BaseException, name: str) -> ShardAccessError | None:
         )
     elif isinstance(error, PermissionError) or status in (401, 403):
         cause = "access denied"
-        fix = "check the credentials (storage_options, AWS_PROFILE...) and that they may read it"
+        fix = "check that the credentials given (storage_options, the environment) may read it"
+        if name.startswith(("http://", "https://")):
+            fix = (
+                "pass what the server asks for in storage_options (headers=, or client_kwargs={'auth': ...})"
+            )
+        elif name.startswith("s3://"):
+            fix = "check that the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID, storage_options) may read it"
     elif isinstance(error, FileNotFoundError) or status in (404, 410):
         cause = "not found, though the index lists it"
         fix = "copy the shard back, or re-pack the dataset"

@@ -182,7 +182,10 @@ def test_a_refused_or_missing_shard_fails_at_once(http_serve, remote_packed, tmp
     message = str(raised.value)
     cause = {"403": "access denied", "404": "not found, though the index lists it"}[status]
     assert f"shard {base}/{name}: {cause}" in message
-    fix = {"403": "check the credentials", "404": "copy the shard back, or re-pack the dataset"}[status]
+    fix = {
+        "403": "pass what the server asks for in storage_options",
+        "404": "copy the shard back, or re-pack the dataset",
+    }[status]
     assert fix in message
 
 
