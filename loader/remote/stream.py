@@ -154,8 +154,6 @@ def access_error(error: BaseException, name: str) -> ShardAccessError | None:
     No credentials, 401/403 or a PermissionError, 404/410 or a FileNotFoundError: the settings (or the
     dataset) are wrong, and neither retrying nor skipping the shard mends that. None for the rest.
     """
-    if isinstance(error, ShardAccessError):
-        return error
     status = getattr(error, "status", None)  # aiohttp.ClientResponseError
     if type(error).__name__ in _NO_CREDENTIALS:
         cause = "no credentials for the object store"
@@ -367,11 +365,9 @@ class RangeReader(SeekableRawReader):
         while True:
             try:
                 data = self._fetch(start, end)
-            except RangesIgnored:
-                raise
+            except (RangesIgnored, ShardAccessError):
+                raise  # for the reader (a server that ignores Range), or for the user at once
             except Exception as e:
-                if isinstance(e, ShardAccessError):
-                    raise
                 fatal = access_error(e, self.name)
                 if fatal is not None:
                     raise fatal from e

@@ -178,11 +178,17 @@ def http_server(root: Path, latency: float = 0.0, listing: bool = True) -> Itera
     """Serve ``root`` on 127.0.0.1 (a free port) in a thread; yield its base URL and state."""
     state = ServerState(root=root, latency=latency, listing=listing)
     handler = type("Handler", (RangeHandler,), {"state": state})
-    server = _Server(("127.0.0.1", 0), handler)
+    with serving(_Server(("127.0.0.1", 0), handler)) as base:
+        yield base, state
+
+
+@contextlib.contextmanager
+def serving(server: http.server.HTTPServer) -> Iterator[str]:
+    """Run ``server`` (bound to 127.0.0.1) in a thread; yield its base URL; shut it down after."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

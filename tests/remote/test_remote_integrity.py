@@ -7,7 +7,6 @@ credentials, a cache on a full tmpfs. Each asserts the exact samples (keys and l
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import http.server
@@ -15,7 +14,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import threading
 import time
 import warnings
 from collections import Counter
@@ -29,7 +27,7 @@ from imgshards.loader import ShardDataset, ShardSource, make_loader
 from imgshards.loader.errors import ShardAccessError
 from imgshards.loader.remote import RetryPolicy
 
-from .conftest import SIZE, pixel_hash
+from .conftest import SIZE, pixel_hash, serving
 from .test_remote_dataset import CHUNK
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
@@ -70,18 +68,11 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@contextlib.contextmanager
 def stock_server(root: Path):
     """``python -m http.server`` as users start it: HTTP/1.0, no ``Range``, the whole file every time."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return serving(server)
 
 
 @pytest.mark.parametrize("cache", [False, True])
