@@ -26,6 +26,7 @@ from imgshards.converter import PackConfig, pack_to_url, read_manifest
 from imgshards.loader import ShardDataset, ShardSource, make_loader
 from imgshards.loader.errors import ShardAccessError
 from imgshards.loader.remote import RetryPolicy
+from imgshards.loader.remote.objects import RemoteObject
 
 from .conftest import SIZE, pixel_hash, serving
 from .test_remote_dataset import CHUNK
@@ -318,3 +319,11 @@ def test_a_shard_cut_short_in_the_cache_reads_on_from_the_server(
     assert b"".join(pieces) == data
     assert again == data[CHUNK + 5000 : CHUNK + 8000]
     assert len(cache_warnings(caught)) == 1
+
+
+def test_a_local_dataset_never_goes_through_the_version_check(remote_packed, key_of, monkeypatch):
+    def no_remote_object(*args, **kwargs):
+        raise AssertionError("a local shard was read as a remote object")
+
+    monkeypatch.setattr(RemoteObject, "__init__", no_remote_object)
+    assert delivered(eval_dataset(str(remote_packed)), key_of, workers=0) == expected(remote_packed)
