@@ -16,6 +16,7 @@ __all__ = [
     "LoaderTimeoutError",
     "ManifestError",
     "ResumeError",
+    "ShardAccessError",
     "ShardReadError",
     "WorkerError",
 ]
@@ -91,3 +92,12 @@ class ShardReadError(ImgshardsError, OSError):
     def __init__(self, message: str, *, shard: str | None = None) -> None:
         super().__init__(message)
         self.shard = shard
+
+
+class ShardAccessError(ShardReadError):
+    """A listed shard cannot be read for a cause that neither retrying nor skipping mends.
+
+    No credentials, no permission (401, 403), not found (404, a local file gone), or the object
+    replaced on the server while the pass read it. Raised at once, whatever ``on_error`` says, by
+    the first worker that meets it: one line naming the shard, the cause and the fix.
+    """

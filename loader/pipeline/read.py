@@ -28,7 +28,7 @@ from imgshards.converter.manifest import ShardInfo, SplitInfo
 
 from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
-from ..errors import CorruptImageError, ShardReadError
+from ..errors import CorruptImageError, ShardAccessError, ShardReadError
 from ..reader import RawSample, read_run
 from ..remote import ShardSource
 
@@ -75,9 +75,11 @@ def read_runs(
 
     A segment's ``skip`` samples are read past, never yielded. A shard that cannot be read ends its
     run and is reported to ``on_unreadable``; with ``on_unreadable=None`` the
-    :class:`ShardReadError` propagates. A run that ends short of its segment (damaged shard) tells
-    ``on_lost`` how many of its samples it lacks. Labels are read as the split says (``.cls``, or a
-    ``.json`` field); one that is not one of ``classes`` goes to ``on_corrupt`` (raises with None).
+    :class:`ShardReadError` propagates. A :class:`ShardAccessError` (no credentials, no access, a
+    listed shard not found, a shard changed during the pass) always propagates: only damage is
+    skipped. A run that ends short of its segment (damaged shard) tells ``on_lost`` how many of its
+    samples it lacks. Labels are read as the split says (``.cls``, or a ``.json`` field); one that
+    is not one of ``classes`` goes to ``on_corrupt`` (raises with None).
     ``keep_all`` reads every member of a sample (else a ``.json`` that holds no label is skipped).
     """
     shards = split.shards
@@ -237,6 +239,8 @@ def _unless_unreadable(
 ) -> Iterator[RawSample]:
     try:
         yield from run
+    except ShardAccessError:
+        raise  # a setting to fix, not damage to count
     except ShardReadError as e:
         on_unreadable(e)
 

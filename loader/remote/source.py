@@ -9,7 +9,10 @@ this order::
     URL, room in the cache     -> start the download into the cache, read its tail
     URL, otherwise             -> a RangeReader streaming the shard (nothing cached)
 
-A download is a thread that streams the shard (see :mod:`.stream`) into a reservation of the cache
+Every remote read of a shard goes through one :class:`~.objects.RemoteObject`, which checks that
+each answer comes from the version of the shard the first answer came from (HTTP and S3; see
+:mod:`.objects`). A download is a thread that streams the shard (see :mod:`.stream`) into a
+reservation of the cache
 (see :mod:`.cache`), hashing it; the reader reads the partial file as it grows, so the first sample
 comes after the first chunk, not after the whole shard. :meth:`ShardSource.plan` tells the source
 the order in which this worker reads its shards; every :meth:`~ShardSource.open` then starts the
@@ -18,9 +21,11 @@ downloads of the next ``prefetch`` shards of that order in the background.
 A source is made in the main process and pickled into DataLoader workers; the file system object,
 the downloads and the threads are made in each process on first use.
 
-Faults that end no epoch: a cache directory that cannot be written (read-only, or its disk full)
-turns caching off in the process, with one warning, and every shard is streamed past it (one cut
-short by a full disk goes on from the server at the byte where the cache stopped). A DataLoader
+Faults that end no epoch: a cache directory that cannot be written (read-only, its disk full, a
+quota) turns caching off in the process, with one warning, and every shard is streamed past it (one
+cut short by a full disk goes on from the server at the byte where the cache stopped, from the same
+version of the shard). Faults that end it at once: a listed shard missing, or refused to these
+credentials (:class:`~imgshards.loader.errors.ShardAccessError`). A DataLoader
 worker whose parent dies while it waits on the network removes the partial cache files it is
 writing and ends, instead of outliving the training as an orphan.
 """
@@ -42,8 +47,9 @@ from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 from imgshards.converter.remotefs import with_timeouts
 
-from ..errors import ConfigError, ShardReadError
+from ..errors import ConfigError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
+from .objects import RemoteObject, remote_object
 from .stream import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
@@ -171,6 +177,13 @@ class ShardSource:
         if not self.remote:
             try:  # a regular file inside the root only: never a FIFO, a device or a link out
                 return open_regular(self.url(shard.name), inside=Path(self.root))
+            except (FileNotFoundError, PermissionError) as e:  # listed, yet gone or refused: a setup error
+                fix = "copy the shard back, or re-pack the dataset"
+                if isinstance(e, PermissionError):
+                    fix = "give this user read access to it"
+                raise ShardAccessError(
+                    f"cannot read shard {self.url(shard.name)}: {e.strerror or e}; {fix}", shard=shard.name
+                ) from e
             except OSError as e:  # goes through on_error, as a remote shard that cannot be read
                 raise ShardReadError(
                     f"cannot read shard {self.url(shard.name)}: {e}", shard=shard.name
@@ -226,8 +239,11 @@ class _ProcessState:
         """Name -> size (None if unknown) of the files at the root, or None if it cannot be listed."""
         try:
             entries = self.fs.ls(self.path, detail=True)
-        except (OSError, NotImplementedError, ValueError):
-            return None
+        except Exception as e:  # no listing here (HTTP 403 or 404 for a directory, as nginx gives)
+            status = getattr(e, "status", None)  # aiohttp's ClientResponseError is no OSError
+            if isinstance(e, (OSError, NotImplementedError, ValueError)) or status in (403, 404, 405):
+                return None
+            raise
         sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
         return sizes if INDEX_NAME in sizes else None  # else not a listing of this dataset's root
 
@@ -253,19 +269,25 @@ class _ProcessState:
                 return cached
             download = self._download(shard)
             if download is not None:
-                return io.BufferedReader(_TailReader(download, lambda: self._stream(shard)), _READ_BUFFER)
-        return io.BufferedReader(self._stream(shard), _READ_BUFFER)
+                # Past the bytes the cache holds, the same object: the version the download pinned.
+                restream = lambda: self._stream(download.remote)  # noqa: E731
+                return io.BufferedReader(_TailReader(download, restream), _READ_BUFFER)
+        return io.BufferedReader(self._stream(self._object(shard)), _READ_BUFFER)
 
-    def _stream(self, shard: ShardInfo) -> RangeReader:
+    def _object(self, shard: ShardInfo) -> RemoteObject:
         path = f"{self.path}/{shard.name}"
+        return remote_object(self.fs, path, self.source.url(shard.name), shard.bytes)
+
+    def _stream(self, remote: RemoteObject) -> RangeReader:
         return RangeReader(
-            lambda start, end: self.fs.cat_file(path, start=start, end=end),
-            shard.bytes,
-            name=self.source.url(shard.name),
+            remote.fetch,
+            remote.size,
+            name=remote.name,
             chunk_size=self.source.chunk_size,
             readahead=self.source.readahead,
             retry=self.source.retry,
             timeout=self.source.timeout,
+            open_whole=None if remote.ranges_only else remote.open_whole,
         )
 
     def cache_failed(self, error: OSError) -> None:
@@ -286,8 +308,8 @@ class _ProcessState:
         assert self.cache is not None
         with self.lock:
             download = self.downloads.get(shard.name)
-            if download is not None and not download.failed:
-                return download
+            if download is not None and (not download.failed or isinstance(download.error, ShardAccessError)):
+                return download  # (one that met a setup error raises it to its reader: never tried again)
             if not self.writes_cache:
                 return None
             try:
@@ -297,7 +319,8 @@ class _ProcessState:
             else:
                 if reservation is None:
                     return None
-                download = _Download(self._stream(shard), reservation, shard, self.cache_failed)
+                remote = self._object(shard)
+                download = _Download(self._stream(remote), remote, reservation, shard, self.cache_failed)
                 self.downloads[shard.name] = download
                 return download
         self.cache_failed(failure)  # out of the lock, which it takes
@@ -325,11 +348,13 @@ class _Download:
     def __init__(
         self,
         stream: RangeReader,
+        remote: RemoteObject,
         reservation: Reservation,
         shard: ShardInfo,
         on_cache_error: Callable[[OSError], None],
     ) -> None:
         self.shard = shard
+        self.remote = remote
         self.size = shard.bytes
         self.path = reservation.partial
         self.written = 0
@@ -410,7 +435,8 @@ class _Download:
                         shard=self._stream.name,
                     )
             if self.written <= pos and self.error is not None:
-                raise ShardReadError(str(self.error), shard=self._stream.name) from self.error
+                error = ShardAccessError if isinstance(self.error, ShardAccessError) else ShardReadError
+                raise error(str(self.error), shard=self._stream.name) from self.error
             return self.written
 
     def pread(self, buffer: memoryview, pos: int) -> int:
@@ -437,7 +463,9 @@ class _TailReader(SeekableRawReader):
         if self._pos >= self._size:
             return 0
         written = self._download.available(self._pos)
-        out = memoryview(b).cast("B")[: written - self._pos]
+        # Past what a download cut short by a full disk wrote, the partial file holds no data (a
+        # hole, read as zeros): never read there, and a negative slice would take most of ``b``.
+        out = memoryview(b).cast("B")[: max(0, written - self._pos)]
         if out:
             n = self._download.pread(out, self._pos)
             self._pos += n

@@ -10,8 +10,14 @@ or 429) is repeated for the same range after a backoff, so the stream resumes at
 does not hold: bytes already handed to the reader are never fetched or handed out again, so a broken
 connection neither restarts the shard nor repeats a sample. A range that still fails after
 :attr:`RetryPolicy.attempts` tries raises :class:`~imgshards.loader.errors.ShardReadError` naming
-the shard, the byte range and the last error; an error retrying cannot fix (missing object, no
-permission, another 4xx) raises it at once.
+the shard, the byte range and the last error (the pass skips and counts the rest of the shard). An
+error of the setup (no credentials, 401, 403, 404: :func:`access_error`) raises
+:class:`~imgshards.loader.errors.ShardAccessError` at once, never retried nor skipped; another error
+retrying cannot fix (416, another 4xx) raises :class:`~imgshards.loader.errors.ShardReadError` at once.
+
+A server that ignores ``Range`` (it answers with the whole object: :class:`RangesIgnored`) is read
+from the start of the object instead, in one streamed GET that the reader reads forward, dropping
+the bytes before the position it needs (``open_whole``).
 
 A request that stalls is such a transient error: the file system's own connect and read timeouts
 (``timeout`` seconds, given to it as storage options: see
@@ -35,19 +41,22 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
-from ..errors import ShardReadError
+from ..errors import ShardAccessError, ShardReadError
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_TIMEOUT",
     "Fetch",
     "RangeReader",
+    "RangesIgnored",
     "RetryPolicy",
     "SeekableRawReader",
+    "WholeStream",
+    "access_error",
     "is_transient",
 ]
 
@@ -60,9 +69,35 @@ _SLOWEST_RATE = 64 << 10  # bytes per second
 # Fetch threads per process, shared by every open stream of that process (a DataLoader worker reads
 # up to 16 shards at once while it interleaves them).
 _FETCH_THREADS = 16
+# Most bytes one read of a whole-object answer asks for (what is dropped before a range is read in
+# pieces of this size, never held at once).
+_SKIP_PIECE = 1 << 20
 
 Fetch = Callable[[int, int], bytes]
 """``fetch(start, end)`` returns bytes ``[start, end)`` of one object."""
+
+
+class WholeStream(Protocol):
+    """One answer holding a whole object, read forward: ``read(n)`` gives up to ``n`` bytes, b"" past it."""
+
+    def read(self, n: int) -> bytes: ...  # noqa: D102
+
+    def close(self) -> None: ...  # noqa: D102
+
+
+class RangesIgnored(Exception):  # a signal from a fetch to its reader, never raised to the user
+    """A ranged request was answered with the whole object: the server does not honour ``Range``."""
+
+
+# Exception classes (by name: their packages are optional) that say the client has no credentials.
+_NO_CREDENTIALS = frozenset(
+    {
+        "NoCredentialsError",  # botocore
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+        "DefaultCredentialsError",  # google.auth
+    }
+)
 
 # Errors that retrying cannot fix. Everything else (OSError, timeouts, the HTTP client's payload and
 # connection errors, 5xx responses) counts as transient.
@@ -113,6 +148,36 @@ class RetryPolicy:
         return self.attempts * per_try + sum(self.delay(i) for i in range(1, self.attempts))
 
 
+def access_error(error: BaseException, name: str) -> ShardAccessError | None:
+    """The error to raise at once for ``error`` met reading shard ``name``, if it is one of the setup.
+
+    No credentials, 401/403 or a PermissionError, 404/410 or a FileNotFoundError: the settings (or the
+    dataset) are wrong, and neither retrying nor skipping the shard mends that. None for the rest.
+    """
+    status = getattr(error, "status", None)  # aiohttp.ClientResponseError
+    if type(error).__name__ in _NO_CREDENTIALS:
+        cause = "no credentials for the object store"
+        fix = (
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (or the key and secret "
+            "in storage_options)"
+        )
+    elif isinstance(error, PermissionError) or status in (401, 403):
+        cause = "access denied"
+        fix = "check that the credentials given (storage_options, the environment) may read it"
+        if name.startswith(("http://", "https://")):
+            fix = (
+                "pass what the server asks for in storage_options (headers=, or client_kwargs={'auth': ...})"
+            )
+        elif name.startswith("s3://"):
+            fix = "check that the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID, storage_options) may read it"
+    elif isinstance(error, FileNotFoundError) or status in (404, 410):
+        cause = "not found, though the index lists it"
+        fix = "copy the shard back, or re-pack the dataset"
+    else:
+        return None
+    return ShardAccessError(f"shard {name}: {cause} ({_one_line(error)}); {fix}", shard=name)
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether fetching the same range again may succeed."""
     status = getattr(error, "status", None)  # aiohttp.ClientResponseError
@@ -160,6 +225,8 @@ class RangeReader(SeekableRawReader):
 
     Wrap it in :class:`io.BufferedReader` for small reads. Seeking past the chunks in flight drops
     them and starts fetching at the new position, so skipping most of a shard costs no transfer.
+    When ``fetch`` raises :class:`RangesIgnored`, the reader reads the rest from ``open_whole()``
+    instead, one range at a time (with it None, that is a :class:`ShardReadError`).
 
     Args:
         fetch: Returns bytes ``[start, end)`` of the object (called from fetch threads).
@@ -170,6 +237,8 @@ class RangeReader(SeekableRawReader):
         retry: How a failing request is repeated.
         timeout: Seconds the file system behind ``fetch`` is told a request may wait on the server;
             bounds every wait here too (:meth:`RetryPolicy.patience`).
+        open_whole: Opens the object for reading from its first byte, for a server that ignores
+            ``Range``.
 
     """
 
@@ -183,6 +252,7 @@ class RangeReader(SeekableRawReader):
         readahead: int = 2,
         retry: RetryPolicy | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        open_whole: Callable[[], WholeStream] | None = None,
     ) -> None:
         super().__init__(size, name)
         if chunk_size < 1 or readahead < 1:
@@ -190,6 +260,8 @@ class RangeReader(SeekableRawReader):
         if timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self._fetch = fetch
+        self._open_whole = open_whole
+        self._from_start: _FromStart | None = None  # set once the server is seen to ignore Range
         self._chunk_size = chunk_size
         self._readahead = readahead
         self._retry = retry or RetryPolicy()
@@ -219,6 +291,8 @@ class RangeReader(SeekableRawReader):
             future.cancel()
         self._pending.clear()
         self._buf = memoryview(b"")
+        if self._from_start is not None:
+            self._from_start.close()
         super().close()
 
     # ---- whole chunks, for writing a shard into the cache -------------------------------------
@@ -246,7 +320,8 @@ class RangeReader(SeekableRawReader):
             self._next = pos
         self._request()
         start, end, future = self._pending.popleft()
-        self._request()  # keep `readahead` requests in flight while this one is read
+        if self._from_start is None:
+            self._request()  # keep `readahead` requests in flight while this one is read
         try:
             data = future.result(timeout=self.patience)
         except FutureTimeout:
@@ -256,8 +331,28 @@ class RangeReader(SeekableRawReader):
                 "(the server stalls, and its file system ignores the timeout it was given)",
                 shard=self.name,
             ) from None
+        except RangesIgnored as e:
+            if self._open_whole is None or self._from_start is not None:
+                raise ShardReadError(
+                    f"asked for bytes {start}-{end} of shard {self.name}, got another answer ({e}): "
+                    "the server does not honour range requests",
+                    shard=self.name,
+                ) from None
+            self._read_from_start()
+            return self._chunk_at(pos)
         self._buf, self._buf_start = memoryview(data), start
         return self._buf
+
+    def _read_from_start(self) -> None:
+        """From now on, fetch each range from one answer holding the whole object (read forward)."""
+        assert self._open_whole is not None
+        log.info("%s: the server ignores Range; reading it from its start in one GET", self.name)
+        for _, _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._from_start = _FromStart(self._open_whole)
+        self._fetch = self._from_start
+        self._readahead = 1  # one answer read in order: a range at a time
 
     def _request(self) -> None:
         while len(self._pending) < self._readahead and self._next < self._size:
@@ -270,7 +365,12 @@ class RangeReader(SeekableRawReader):
         while True:
             try:
                 data = self._fetch(start, end)
+            except (RangesIgnored, ShardAccessError):
+                raise  # for the reader (a server that ignores Range), or for the user at once
             except Exception as e:
+                fatal = access_error(e, self.name)
+                if fatal is not None:
+                    raise fatal from e
                 if not is_transient(e):
                     raise ShardReadError(
                         f"cannot read bytes {start}-{end} of shard {self.name}: {_describe(e)}",
@@ -281,11 +381,7 @@ class RangeReader(SeekableRawReader):
                 if len(data) == end - start:
                     return data
                 if len(data) > end - start:
-                    raise ShardReadError(
-                        f"asked for bytes {start}-{end} of shard {self.name}, got {len(data)} bytes: "
-                        "the server does not honour range requests",
-                        shard=self.name,
-                    )
+                    raise RangesIgnored(f"{len(data)} bytes")
                 error = EOFError(f"got {len(data)} of {end - start} bytes")
             failures += 1
             if failures >= self._retry.attempts:
@@ -309,6 +405,60 @@ def _is_timeout(error: BaseException) -> bool:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(_describe(error).split())
+
+
+class _FromStart:
+    """``fetch(start, end)`` from one answer holding the whole object, for a server that ignores Range.
+
+    Reads forward, dropping the bytes before ``start``; a range behind what was read (a seek back, or
+    a retry after the answer broke) opens a new answer from the first byte. The reader asks for one
+    range at a time; the lock keeps a range still running after a seek from reading meanwhile.
+    """
+
+    def __init__(self, open_whole: Callable[[], WholeStream]) -> None:
+        self._open = open_whole
+        self._stream: WholeStream | None = None
+        self._pos = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, start: int, end: int) -> bytes:
+        with self._lock:
+            try:
+                return self._read(start, end)
+            except BaseException:
+                self._close()  # the answer is broken or behind: the next range opens another
+                raise
+
+    def _read(self, start: int, end: int) -> bytes:
+        if self._stream is None or start < self._pos:
+            self._close()
+            self._stream = self._open()
+            self._pos = 0
+        parts = []
+        while self._pos < end:
+            piece = self._stream.read(min(end, self._pos + _SKIP_PIECE) - self._pos)
+            if not piece:
+                break
+            if self._pos + len(piece) > start:
+                parts.append(piece[max(0, start - self._pos) :])
+            self._pos += len(piece)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception as e:  # closing a broken answer: nothing left to read from it anyway
+                log.debug("closing an answer: %s", _describe(e))
 
 
 class _FetchPool:

@@ -1,20 +1,23 @@
 """Real servers on 127.0.0.1 for the remote tests: moto's S3 server (through s3fs) and an HTTP server.
 
-The HTTP server serves a directory with ``Range`` support, logs every request, adds a fixed latency,
-and can be told to misbehave once for a given file: cut the connection halfway through a response,
-answer 503, or stall past the client's timeout.
+The HTTP server serves a directory with ``Range`` support and an ETag (as nginx: mtime and size),
+logs every request, adds a fixed latency, and can be told to misbehave once for a given file: cut
+the connection halfway through a response, answer 503, 403 or 404, stall past the client's timeout,
+or replace the file with other bytes once a response is sent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import http.server
 import logging
 import os
 import re
 import socket
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -23,6 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
+
+from imgshards.converter import read_manifest
+from imgshards.loader import preset
+from imgshards.loader.decode import decode
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
@@ -39,10 +47,11 @@ class Fault:
     """Misbehave on ``times`` GETs, from the ``nth`` (1-based), of the file whose name ends with ``name``."""
 
     name: str
-    kind: str  # "cut", "503" or "stall"
+    kind: str  # "cut", "503", "403", "404", "stall", or "swap" (after the answer, the file holds `data`)
     nth: int = 1
     times: int = 1
     stall: float = 3.0
+    data: bytes = b""
     seen: int = 0
 
 
@@ -59,6 +68,7 @@ class ServerState:
     root: Path
     latency: float = 0.0
     listing: bool = True
+    no_listing: int = 404  # the status of a directory when listing is False (nginx without autoindex: 403)
     faults: list[Fault] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -99,7 +109,9 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     def list_directory(self, path):
         if self.state.listing:
             return super().list_directory(path)
-        self.send_error(404, "No listing")  # as most servers and CDNs: no page for a directory
+        self.send_error(
+            self.state.no_listing, "No listing"
+        )  # as most servers and CDNs: no page for a directory
         return None
 
     def do_GET(self) -> None:
@@ -113,8 +125,8 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         if not path.is_file():
             return super().do_GET()  # directory listings and 404s
         fault = self.state.fault_for(self.path)
-        if fault is not None and fault.kind == "503":
-            self.send_error(503, "Slow Down")
+        if fault is not None and fault.kind in ("503", "403", "404"):
+            self.send_error(int(fault.kind))
             return
         if fault is not None and fault.kind == "stall":
             time.sleep(fault.stall)
@@ -124,11 +136,16 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             self.send_error(416, "Range Not Satisfiable")
             return
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            size = st.st_size
+            lo, hi = (start, min(end or size, size)) if start is not None else (0, size)
             f.seek(lo)
             body = f.read(hi - lo)
         self.send_response(206 if start is not None else 200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", f'"{st.st_mtime_ns:x}-{size:x}"')
+        self.send_header("Last-Modified", self.date_time_string(int(st.st_mtime)))
         if start is not None:
             self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{size}")
         self.send_header("Accept-Ranges", "bytes")
@@ -141,6 +158,9 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(body)
+        if fault is not None and fault.kind == "swap":  # atomically, as an upload would
+            (path.parent / f".{path.name}.swap").write_bytes(fault.data)
+            os.replace(path.parent / f".{path.name}.swap", path)
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -158,11 +178,17 @@ def http_server(root: Path, latency: float = 0.0, listing: bool = True) -> Itera
     """Serve ``root`` on 127.0.0.1 (a free port) in a thread; yield its base URL and state."""
     state = ServerState(root=root, latency=latency, listing=listing)
     handler = type("Handler", (RangeHandler,), {"state": state})
-    server = _Server(("127.0.0.1", 0), handler)
+    with serving(_Server(("127.0.0.1", 0), handler)) as base:
+        yield base, state
+
+
+@contextlib.contextmanager
+def serving(server: http.server.HTTPServer) -> Iterator[str]:
+    """Run ``server`` (bound to 127.0.0.1) in a thread; yield its base URL; shut it down after."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -248,3 +274,27 @@ def remote_tree(tree_factory) -> Path:
 def remote_packed(remote_tree, packed_factory) -> Path:
     """``remote_tree`` packed locally into shards of ~30 kB (do not modify it)."""
     return packed_factory(remote_tree, shard_size=REMOTE_SHARD_SIZE)
+
+
+SIZE = 32  # eval preset at 32 px: deterministic, so a batch image maps back to its sample key
+
+
+def pixel_hash(image: torch.Tensor) -> str:
+    return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def key_of(remote_packed) -> dict[str, str]:
+    """Pixel hash (after the eval preset) -> sample key, for every sample of ``remote_packed``."""
+    transform = preset("eval", size=SIZE)
+    out: dict[str, str] = {}
+    for shard in read_manifest(remote_packed).split("train").shards:
+        with tarfile.open(remote_packed / shard.name) as tar:
+            for member in tar:
+                key, ext = member.name.split(".", 1)
+                if ext in ("cls", "json"):
+                    continue
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                out[pixel_hash(transform(decode(data, ext)))] = key
+    assert len(out) == read_manifest(remote_packed).split("train").samples, "two images look alike"
+    return out

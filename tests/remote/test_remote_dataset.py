@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import tarfile
 import threading
 import warnings
 from collections import Counter
@@ -11,7 +9,6 @@ from pathlib import Path
 
 import fsspec
 import pytest
-import torch
 
 from imgshards.converter import ManifestError, PackConfig, pack_to_url, read_manifest
 from imgshards.loader import (
@@ -20,34 +17,12 @@ from imgshards.loader import (
     ShardReadError,
     ShardSource,
     make_loader,
-    preset,
 )
-from imgshards.loader.decode import decode
 
-SIZE = 32  # eval preset at 32 px: deterministic, so a batch image maps back to its sample key
+from .conftest import SIZE, pixel_hash
+
 CHUNK = 8192  # several requests per ~30 kB shard
 FAST_RETRY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
-
-
-def pixel_hash(image: torch.Tensor) -> str:
-    return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
-
-
-@pytest.fixture(scope="session")
-def key_of(remote_packed) -> dict[str, str]:
-    """Pixel hash (after the eval preset) -> sample key, for every sample of ``remote_packed``."""
-    transform = preset("eval", size=SIZE)
-    out: dict[str, str] = {}
-    for shard in read_manifest(remote_packed).split("train").shards:
-        with tarfile.open(remote_packed / shard.name) as tar:
-            for member in tar:
-                key, ext = member.name.split(".", 1)
-                if ext in ("cls", "json"):
-                    continue
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                out[pixel_hash(transform(decode(data, ext)))] = key
-    assert len(out) == read_manifest(remote_packed).split("train").samples, "two images look alike"
-    return out
 
 
 def epoch_keys(dataset: ShardDataset, key_of: dict[str, str], workers: int) -> Counter[str]:

@@ -32,6 +32,8 @@ from imgshards.converter import read_manifest
 from imgshards.loader import RetryPolicy, ShardDataset, ShardReadError, ShardSource, make_loader
 from imgshards.loader.errors import ConfigError
 
+from .conftest import serving
+
 SIZE = 32
 CHUNK = 8192
 TIMEOUT = 1.0
@@ -91,16 +93,11 @@ class _Server(http.server.ThreadingHTTPServer):
 def stalling_server(root: Path, stall: tuple[str, ...]) -> Iterator[str]:
     release = threading.Event()
     handler = type("Handler", (_StallHandler,), {"root": root, "stall": stall, "release": release})
-    server = _Server(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(_Server(("127.0.0.1", 0), handler)) as base:
+        try:
+            yield base
+        finally:
+            release.set()  # before the shutdown: the stalled answers end
 
 
 @pytest.fixture

@@ -1,0 +1,204 @@
+"""One shard on a server, read in byte ranges that all come from one version of it.
+
+A shard replaced on the server while a pass reads it (re-packed or re-uploaded meanwhile) would hand
+the tar reader the bytes of two versions: samples lost, others read twice, nothing to say why. So the
+first answer for a shard pins its version, and every later answer must carry the same one, else the
+read raises :class:`~imgshards.loader.errors.ShardAccessError` ("changed on the server during the
+pass"), which ends the epoch: never a mix of two versions. Per file system::
+
+    HTTP(S)  GET with Range; the version is the answer's ETag (else its Last-Modified) and the
+             object's size (the total of Content-Range, or Content-Length for a whole answer)
+    S3       GetObject with Range and IfMatch on the ETag of the first answer (412: it changed),
+             and the ETag and size of each answer compared as well
+    other    fs.cat_file, unchecked (gs://, az://...: their fsspec calls return no version)
+
+A server that answers a ranged GET with the whole object (a plain ``python -m http.server``) makes
+:meth:`RemoteObject.fetch` raise :class:`~.stream.RangesIgnored`; the reader then reads the object
+from its start in one streamed GET (:meth:`RemoteObject.open_whole`), its version checked the same
+way. Local shards are plain files and never come here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..errors import ShardAccessError
+from .stream import RangesIgnored, WholeStream
+
+__all__ = ["RemoteObject", "remote_object"]
+
+Version = tuple[str | None, int | None]
+"""An object's ETag (or Last-Modified) and its size in bytes, as one answer tells them."""
+
+
+class RemoteObject:
+    """Ranged reads of one object through any fsspec file system, unchecked (see the module docstring).
+
+    Args:
+        fs: The file system.
+        path: The object's path in ``fs``.
+        name: The shard as named in errors (its URL).
+        size: The object's size as the index says.
+
+    """
+
+    def __init__(self, fs: Any, path: str, name: str, size: int) -> None:
+        self.fs, self.path, self.name, self.size = fs, path, name, size
+        self._version: Version | None = None
+        self._lock = threading.Lock()
+
+    def fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object."""
+        return bytes(self.fs.cat_file(self.path, start=start, end=end))
+
+    ranges_only = True
+    """Whether the object's servers always honour ``Range`` (else :meth:`open_whole` is the way out)."""
+
+    def open_whole(self) -> WholeStream:
+        """The object from its first byte in one streamed answer (where ``ranges_only`` is False)."""
+        raise NotImplementedError(f"{type(self).__name__} reads byte ranges only")
+
+    def check(self, version: Version) -> None:
+        """Pin ``version`` at the first answer; raise :class:`ShardAccessError` on a later other one."""
+        with self._lock:
+            if self._version is None:
+                self._version = version
+                return
+            pinned = self._version
+        if version != pinned:
+            raise self.changed(f"{_show(pinned)} at the first read, {_show(version)} now")
+
+    def changed(self, how: str) -> ShardAccessError:
+        """The error for an object that is not the version the pass began to read."""
+        return ShardAccessError(
+            f"shard {self.name} changed on the server during the pass ({how}): it was re-packed or "
+            "re-uploaded while being read; run again once the upload has finished",
+            shard=self.name,
+        )
+
+
+class _HttpObject(RemoteObject):
+    """An object behind fsspec's HTTP file system, read with aiohttp to see each answer's headers."""
+
+    ranges_only = False
+
+    def fetch(self, start: int, end: int) -> bytes:
+        from fsspec.asyn import sync
+
+        return bytes(sync(self.fs.loop, self._get, start, end))
+
+    async def _get(self, start: int, end: int) -> bytes:
+        session = await self.fs.set_session()
+        kwargs = dict(self.fs.kwargs)
+        headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
+        async with session.get(self.fs.encode_url(self.path), headers=headers, **kwargs) as r:
+            self.fs._raise_not_found_for_status(r, self.path)
+            ranged = r.status == 206
+            if not ranged and (start, end) != (0, self.size):
+                raise RangesIgnored(f"HTTP {r.status} with the whole object, not the range asked for")
+            self.check(_http_version(r.headers, ranged))
+            return bytes(await r.read())
+
+    def open_whole(self) -> WholeStream:
+        return _HttpStream(self)
+
+
+class _HttpStream:
+    """One GET of a whole HTTP object, read forward (see :class:`~.stream.WholeStream`)."""
+
+    def __init__(self, obj: _HttpObject) -> None:
+        from fsspec.asyn import sync
+
+        self._sync, self._obj, self._loop = sync, obj, obj.fs.loop
+        self._r = sync(self._loop, self._open)
+
+    async def _open(self) -> Any:
+        fs = self._obj.fs
+        session = await fs.set_session()
+        r = await session.get(fs.encode_url(self._obj.path), **fs.kwargs).__aenter__()
+        try:
+            fs._raise_not_found_for_status(r, self._obj.path)
+            self._obj.check(_http_version(r.headers, r.status == 206))
+        except BaseException:
+            r.close()
+            raise
+        return r
+
+    def read(self, n: int) -> bytes:
+        return bytes(self._sync(self._loop, self._r.content.read, n))
+
+    def close(self) -> None:
+        async def close() -> None:
+            self._r.close()
+
+        self._sync(self._loop, close)
+
+
+def _http_version(headers: Any, ranged: bool) -> Version:
+    tag = headers.get("ETag") or headers.get("Last-Modified")
+    if ranged:
+        total = headers.get("Content-Range", "").rpartition("/")[2]
+    else:
+        total = headers.get("Content-Length", "")
+    return tag, int(total) if total.isdigit() else None
+
+
+class _S3Object(RemoteObject):
+    """An object in S3 (s3fs), each GetObject conditional on the ETag its first answer gave."""
+
+    def fetch(self, start: int, end: int) -> bytes:
+        from fsspec.asyn import sync
+
+        return bytes(sync(self.fs.loop, self._get, start, end))
+
+    async def _get(self, start: int, end: int) -> bytes:
+        bucket, key, version_id = self.fs.split_path(self.path)
+        kwargs: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
+        if version_id:
+            kwargs["VersionId"] = version_id
+        with self._lock:
+            if self._version is not None and self._version[0] is not None:
+                kwargs["IfMatch"] = self._version[0]
+        try:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **kwargs)
+        except Exception as e:
+            if _precondition_failed(e):
+                raise self.changed(f"its ETag is no longer {kwargs['IfMatch']}") from e
+            raise
+        try:
+            data = await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+        total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+        self.check((resp.get("ETag"), int(total) if total.isdigit() else None))
+        return bytes(data)
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was translated from) is S3's 412 PreconditionFailed."""
+    seen: BaseException | None = error
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "PreconditionFailed" or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _show(version: Version) -> str:
+    tag, size = version
+    return f"{tag or 'no ETag'}, {size if size is not None else '?'} bytes"
+
+
+def remote_object(fs: Any, path: str, name: str, size: int) -> RemoteObject:
+    """The reader of one object for ``fs``: checked on HTTP and S3, plain elsewhere."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "http" in protocols or "https" in protocols:
+        return _HttpObject(fs, path, name, size)
+    if "s3" in protocols and hasattr(fs, "_call_s3"):
+        return _S3Object(fs, path, name, size)
+    return RemoteObject(fs, path, name, size)
