@@ -116,15 +116,17 @@ class MixedDataset(ShardDataset):
         first = self.parts[0]
         # The settings of the mix's own pass (zip, decode, augment, collate), the same in every part.
         self.split, self.batch_size, self.seed = split, batch_size, seed
-        self.mode, self.drop_last, self.rank, self.world_size = "train", False, first.rank, first.world_size
+        self.mode, self.drop_last, self._asked = "train", False, first._asked  # rank settled per pass
         self.shuffle, self.shuffle_buffer, self.shuffle_initial = (
             first.shuffle,
             first.shuffle_buffer,
             first.shuffle_initial,
         )
         self.transform, self.on_error, self.decode_on = first.transform, first.on_error, first.decode_on
+        self.max_lost = first.max_lost
         self.raw_stages, self.image_stages = (), first.image_stages  # the raw stages run in each part
         self.source = first.source
+        self.shards_digest = "+".join(p.shards_digest for p in self.parts)
         self._start_state()
         for part in self.parts:
             part.share_state(self)  # one epoch, one position, one set of counters
@@ -158,6 +160,10 @@ class MixedDataset(ShardDataset):
         """Batches this rank yields in the current epoch: the shortest source's."""
         return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
 
+    def rank_samples(self) -> int:
+        """Samples this rank's pass plans to deliver: its batches, all whole (train mode)."""
+        return len(self) * self.batch_size
+
     def leg_batches(self) -> int:
         """Batches this rank yields in the current leg of the epoch: the shortest source's."""
         return min(p.leg_batches() for p in self.parts)
@@ -181,6 +187,7 @@ class MixedDataset(ShardDataset):
     def _zipped(self, at: PassPosition, clock: StageClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
         """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
         streams = [passes.raw_batches(p, at, clock=clock) for p in self.parts]
+        rank = self.rank
         for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
             k = batches[0][0]
             samples = [
@@ -188,7 +195,7 @@ class MixedDataset(ShardDataset):
                 for (_, part), offset in zip(batches, self._offsets, strict=True)
                 for s in part
             ]
-            rng = mix_rng(self.seed, at.epoch, self.rank, at.worker, k)
+            rng = mix_rng(self.seed, at.epoch, rank, at.worker, k)
             yield k, [samples[i] for i in rng.permutation(len(samples))]
         for stream in streams:
             stream.close()  # type: ignore[attr-defined]
