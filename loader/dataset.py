@@ -309,12 +309,18 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """
         planned = self.rank_samples()
         if lost and (lost > self.max_lost * planned or lost >= planned):
+            roots = self._roots()
+            verify = " and ".join(f"`imgshards verify {root}`" for root in roots)
             raise ShardReadError(
                 f"epoch {epoch}: rank {self.rank} lost {lost} of its {planned} sample(s) of split "
-                f"{self.split!r} at {self.root} to truncated or unreadable shards, more than "
-                f"max_lost={self.max_lost:g} allows: run `imgshards verify {self.root}` to name them and "
-                "repack or replace them (or raise max_lost)"
+                f"{self.split!r} at {', '.join(map(str, roots))} to truncated or unreadable shards, more "
+                f"than max_lost={self.max_lost:g} allows: run {verify} to name them and repack or "
+                "replace them (or raise max_lost)"
             )
+
+    def _roots(self) -> list[Path | str]:
+        """Where the data is (a mix's sources)."""
+        return [self.root]
 
     def leg_batches(self) -> int:
         """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,9 @@ class MixedDataset(ShardDataset):
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch: the shortest source's."""
         return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
+
+    def _roots(self) -> list[Path | str]:
+        return [p.root for p in self.parts]
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver: its batches, all whole (train mode)."""
