@@ -43,8 +43,8 @@ __all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "ShardDataset"]
 Mode = Literal["train", "eval"]
 OnError = Literal["skip", "raise"]
 MODES: tuple[str, ...] = get_args(Mode)
-DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 ON_ERROR: tuple[str, ...] = get_args(OnError)
+DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 
 
 class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
@@ -380,7 +380,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._pass_ranks()
+        self._pass_ranks()  # settled here in the training process; a worker reads what it recorded
         if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
             at, self._pending = self._pending, None
             at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers)
