@@ -9,11 +9,6 @@ after a dataset is built decide its next pass, and arguments that contradict the
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,50 +19,30 @@ from imgshards.loader import ConfigError, ShardDataset, make_loader
 
 WORKER = Path(__file__).with_name("ranks_worker.py")
 IDENTITY = torch.nn.Identity()
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=lambda n: f"workers{n}")
-def torchrun(request, packed_many, tmp_path_factory):
+def ranks(request, packed_many, tmp_path_factory, torchrun):
     out = tmp_path_factory.mktemp("ranks") / "result"
     cfg = {"root": str(packed_many), "batch_size": 8, "num_workers": request.param, "out": str(out)}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(free_port()), str(WORKER), json.dumps(cfg),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun timed out after 240 s; its stderr ended: {stderr[-3000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    torchrun(WORKER, json.dumps(cfg))
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
 
 
 @pytest.mark.parametrize("run", ["alone", "eval"], ids=["no-process-group", "built-before-the-group"])
-def test_each_rank_delivers_its_part_and_the_ranks_every_eval_sample_once(torchrun, lookup_many, run):
-    parts = [Counter(lookup_many.key_of[h] for batch in r[run]["seen"] for h in batch) for r in torchrun]
+def test_each_rank_delivers_its_part_and_the_ranks_every_eval_sample_once(ranks, lookup_many, run):
+    parts = [Counter(lookup_many.key_of[h] for batch in r[run]["seen"] for h in batch) for r in ranks]
     assert parts[0] + parts[1] == Counter(lookup_many.keys), "every eval sample exactly once over the ranks"
     assert not parts[0] & parts[1]
-    assert [len(r[run]["seen"]) for r in torchrun] == [r[run]["len"] for r in torchrun]
-    assert sum(r[run]["len"] for r in torchrun) == -(-len(lookup_many.keys) // 8)
+    assert [len(r[run]["seen"]) for r in ranks] == [r[run]["len"] for r in ranks]
+    assert sum(r[run]["len"] for r in ranks) == -(-len(lookup_many.keys) // 8)
 
 
-def test_a_train_pass_built_before_the_group_splits_the_epoch(torchrun, lookup_many):
-    assert [r["ranks"] for r in torchrun] == [[0, 2], [1, 2]]
-    seen = [lookup_many.key_of[h] for r in torchrun for batch in r["train"]["seen"] for h in batch]
+def test_a_train_pass_built_before_the_group_splits_the_epoch(ranks, lookup_many):
+    assert [r["ranks"] for r in ranks] == [[0, 2], [1, 2]]
+    seen = [lookup_many.key_of[h] for r in ranks for batch in r["train"]["seen"] for h in batch]
     assert len(seen) == len(set(seen)) == len(lookup_many.keys) - len(lookup_many.keys) % 2
-    assert [len(r["train"]["seen"]) for r in torchrun] == [r["train"]["len"] for r in torchrun] == [8, 8]
+    assert [len(r["train"]["seen"]) for r in ranks] == [r["train"]["len"] for r in ranks] == [8, 8]
 
 
 def test_the_launchers_variables_set_after_the_dataset_decide_its_next_pass(
