@@ -207,6 +207,7 @@ class ShardLoader:
         # Workers that start late (on a busy machine, after the others made the pass's last batches)
         # must still read this epoch: only the record moves on.
         ds.cursor.finish_epoch()
+        ds.check_lost(epoch, lost)  # more lost than max_lost allows: an error, not a short epoch
         return True
 
     def _lend(self, storage: torch.UntypedStorage, token: int) -> tuple[torch.UntypedStorage, int, int]:

@@ -19,13 +19,14 @@ from typing import Any, Literal, get_args
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from imgshards.converter.locate import INDEX_NAME, is_url, local_path
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from .batch import Batch, BufferPool
-from .checks import check_choice, resolve_rank
+from .checks import check_choice
 from .epoch import elastic, partition
 from .epoch.order import Order
-from .errors import ConfigError
+from .errors import ConfigError, ShardReadError
 from .offload import DecodeOn, RawBatch
 from .pipeline import passes
 from .pipeline.stagetimes import StageTimes
@@ -33,15 +34,17 @@ from .presets import PRESETS, Transform, preset
 from .remote import ShardSource
 from .remote.stream import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
-from .state.checkpoint import EpochState, Leg, PassPosition
+from .state.checkpoint import EpochState, Leg, PassPosition, shards_digest
 from .state.cursor import SharedControl
+from .state.ranks import settle_ranks
 
-__all__ = ["Mode", "OnError", "ShardDataset"]
+__all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "ShardDataset"]
 
 Mode = Literal["train", "eval"]
 OnError = Literal["skip", "raise"]
 MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
+DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 
 
 class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
@@ -101,10 +104,18 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         shuffle_initial: Samples in the buffer before the first is yielded (fast start).
         drop_last: Train mode only: drop each rank's partial last batch.
         seed: Seed of every random choice; the same on every rank.
-        rank: This process's rank; default ``torch.distributed``'s rank, or 0.
-        world_size: Number of ranks; default ``torch.distributed``'s world size, or 1.
+        rank: This process's rank, for a job that has neither a process group nor a launcher's
+            environment; default 0. Rank and world size are settled as each pass starts (and for
+            ``len()``), not here: from ``torch.distributed``'s process group if one is initialized by
+            then, else from the launcher's ``RANK`` / ``WORLD_SIZE`` (torchrun), else from these
+            arguments; given beside either, they must agree with it (:mod:`.state.ranks`).
+        world_size: Number of ranks, as for ``rank``; default 1.
         on_error: ``"skip"`` (drop, count and warn) or ``"raise"`` for an image that does not decode
             or a remote shard that cannot be read.
+        max_lost: The share of its samples a rank's pass may lose to truncated or unreadable shards
+            (warned about, and made up in train mode); a pass that loses more raises
+            :class:`ShardReadError` as its last batch is handed over (:meth:`check_lost`). ``0``:
+            any loss raises; ``1``: none does, unless the pass lost every sample.
         storage_options: Options of the URL's fsspec file system (endpoint, credentials...);
             fsspec's own configuration applies as usual.
         cache_dir: Local directory caching remote shards, shared by workers and ranks of a machine.
@@ -119,7 +130,8 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
 
     Raises:
         ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
-        ConfigError: an argument out of range or not among the allowed values.
+        ConfigError: an argument out of range or not among the allowed values, or ``rank`` /
+            ``world_size`` that the process group or the launcher's environment contradicts.
 
     """
 
@@ -140,6 +152,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         rank: int | None = None,
         world_size: int | None = None,
         on_error: OnError = "skip",
+        max_lost: float = DEFAULT_MAX_LOST,
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
@@ -158,11 +171,15 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             raise ConfigError(f"seed must be a non-negative integer, got {seed}")
         if drop_last and mode == "eval":
             raise ConfigError("drop_last applies to mode='train' only: eval yields every sample exactly once")
+        if not 0 <= max_lost <= 1:
+            raise ConfigError(f"max_lost is a share of the samples, from 0 (none) to 1 (all), got {max_lost}")
         if shuffle_buffer < 0 or shuffle_initial < 0:
             raise ConfigError(
                 f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
             )
-        rank, world_size = resolve_rank(rank, world_size)
+        # Checked now for an early error, but settled as each pass starts (see .state.ranks).
+        settle_ranks(rank, world_size)
+        self._asked = (rank, world_size)
 
         if isinstance(source, ShardSource):
             if (
@@ -178,7 +195,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             self.source = source
         else:
             self.source = ShardSource(
-                source,
+                _dataset_dir(source),
                 storage_options=storage_options,
                 cache_dir=cache_dir,
                 cache_limit=cache_limit,
@@ -206,9 +223,8 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self.shuffle_initial = shuffle_initial
         self.drop_last = drop_last
         self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
         self.on_error: OnError = on_error
+        self.max_lost = max_lost
         self.decode_on = DecodeOn.of(decode_on)
         self.raw_stages = check_stages("raw_stages", raw_stages)
         self.image_stages = check_stages("image_stages", image_stages)
@@ -218,6 +234,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
                 "decodes: transform its batches in the training loop instead"
             )
         self._shard_samples = tuple(s.samples for s in self.split_info.shards)
+        self.shards_digest = shards_digest(self.split_info.shards)  # which data a resume state is of
         self._layout = elastic.Layout(
             self._shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
         )
@@ -269,17 +286,48 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         samples. After an elastic resume it counts the epoch's batches delivered before it too.
         """
         if self.mode == "eval":
-            return partition.rank_batches(self.num_samples, world_size=self.world_size, **self._kw())[
-                self.rank
-            ]
+            rank, world_size = self._pass_ranks()
+            return partition.rank_batches(self.num_samples, world_size=world_size, **self._kw())[rank]
         return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
+
+    def rank_samples(self) -> int:
+        """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
+        rank, world_size = self._ranks()
+        start, stop = partition.rank_sample_range(
+            self.num_samples, rank=rank, world_size=world_size, **self._kw()
+        )
+        return stop - start
+
+    def check_lost(self, epoch: int, lost: int) -> None:
+        """Raise :class:`ShardReadError` if this rank's pass of ``epoch`` lost more than ``max_lost`` allows.
+
+        ``lost``: the samples the pass's plan held that damaged or unreadable shards did not give.
+        :class:`~imgshards.loader.ShardLoader` calls it as it hands over a pass's last batch (or
+        after the pass, if it ended short). Each rank judges its own pass, with no collective
+        operation: a rank that raises ends a ``torchrun`` or Lightning job (the launcher stops the
+        other ranks), where a collective would leave them waiting on it if it never got there.
+        """
+        planned = self.rank_samples()
+        if lost and (lost > self.max_lost * planned or lost >= planned):
+            roots = self._roots()
+            verify = " and ".join(f"`imgshards verify {root}`" for root in roots)
+            raise ShardReadError(
+                f"epoch {epoch}: rank {self.rank} lost {lost} of its {planned} sample(s) of split "
+                f"{self.split!r} at {', '.join(map(str, roots))} to truncated or unreadable shards, more "
+                f"than max_lost={self.max_lost:g} allows: run {verify} to name them and repack or "
+                "replace them (or raise max_lost)"
+            )
+
+    def _roots(self) -> list[Path | str]:
+        """Where the data is (a mix's sources)."""
+        return [self.root]
 
     def leg_batches(self) -> int:
         """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
         if self.mode == "eval":
             return len(self)
         return elastic.rank_batches(
-            self._layout, epoch=self.epoch, stages=self.cursor.legs, world_size=self.world_size
+            self._layout, epoch=self.epoch, stages=self.cursor.legs, world_size=self._pass_ranks()[1]
         )
 
     def _kw(self) -> dict[str, Any]:
@@ -332,6 +380,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._pass_ranks()  # settled here in the training process; a worker reads what it recorded
         if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
             at, self._pending = self._pending, None
             at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers)
@@ -379,3 +428,12 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             f"batch_size={self.batch_size}, samples={self.num_samples}, rank={self.rank}/{self.world_size}, "
             f"transform={self.transform!r})"
         )
+
+
+def _dataset_dir(source: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """``shards/index.json`` -> ``shards``: the shards are read beside their index (as the CLI takes it)."""
+    if is_url(source):
+        url = str(source)
+        return url[: -len(INDEX_NAME) - 1] if url.endswith(f"/{INDEX_NAME}") else source
+    path = local_path(source)
+    return path.parent if path.suffix == ".json" and path.is_file() else source

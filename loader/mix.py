@@ -8,8 +8,11 @@ and workers like any other; a pass zips their raw batches (batch ``k`` of every 
 
 What holds, for ``W`` ranks:
 
-- **Proportions**: exactly ``b_i / batch_size`` of every batch comes from source ``i``, so of every
-  epoch (stratified, not drawn at random: no sampling error at all).
+- **Proportions**: exactly ``b_i / batch_size`` of every batch comes from source ``i``, the last
+  batch included, so of every epoch (stratified, not drawn at random: no sampling error at all).
+  Every batch is whole: each source reads with ``drop_last``, so its partial last batch (fewer than
+  ``b_i`` samples a rank, a different run of them each epoch) is left out rather than zipped with
+  the others' whole ones.
 - **Equal batches per rank**: an epoch is ``min_i len(source_i)`` batches on every rank, a source
   with more samples than its share leaving different ones out each epoch (its order is reshuffled).
 - **Exact resume**: ``k`` batches delivered are ``k`` batches of every source, each of which
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,10 +84,13 @@ class MixedDataset(ShardDataset):
         split: The split read from every source.
         seed: Seed of every random choice (each source draws from its own stream of it).
         **options: As for :class:`~imgshards.loader.ShardDataset` (``transform``, ``raw_stages``,
-            ``decode_on``, ``rank``...); train mode only, and no ``drop_last``.
+            ``decode_on``, ``rank``...); train mode only, and every source drops its partial last
+            batch (``drop_last`` is implied).
 
     Raises:
-        ConfigError: fewer than two sources, eval mode, or a weight too small for the batch size.
+        ConfigError: fewer than two sources, eval mode, ``drop_last=False``, or a weight too small
+            for the batch size; when a pass starts, a source with fewer samples a rank than its
+            share of a batch.
 
     """
 
@@ -100,9 +107,12 @@ class MixedDataset(ShardDataset):
         IterableDataset.__init__(self)
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
             raise ConfigError("a MixedDataset takes two sources or more; for one, use ShardDataset")
-        if options.get("mode", "train") != "train" or options.get("drop_last"):
+        if options.get("mode", "train") != "train":
+            raise ConfigError("a mix is for training (mode='train'): evaluate each dataset on its own")
+        if options.setdefault("drop_last", True) is not True:
             raise ConfigError(
-                "a mix is for training (mode='train', no drop_last): evaluate each dataset on its own"
+                "a mix drops each source's partial last batch, so that every batch keeps the weights' "
+                "proportions: leave drop_last out"
             )
         sizes = [_samples(s, split, options.get("storage_options"), options.get("timeout")) for s in sources]
         self.weights = tuple(float(w) for w in (weights or sizes))
@@ -116,15 +126,17 @@ class MixedDataset(ShardDataset):
         first = self.parts[0]
         # The settings of the mix's own pass (zip, decode, augment, collate), the same in every part.
         self.split, self.batch_size, self.seed = split, batch_size, seed
-        self.mode, self.drop_last, self.rank, self.world_size = "train", False, first.rank, first.world_size
+        self.mode, self.drop_last, self._asked = "train", True, first._asked  # rank settled per pass
         self.shuffle, self.shuffle_buffer, self.shuffle_initial = (
             first.shuffle,
             first.shuffle_buffer,
             first.shuffle_initial,
         )
         self.transform, self.on_error, self.decode_on = first.transform, first.on_error, first.decode_on
+        self.max_lost = first.max_lost
         self.raw_stages, self.image_stages = (), first.image_stages  # the raw stages run in each part
         self.source = first.source
+        self.shards_digest = "+".join(p.shards_digest for p in self.parts)
         self._start_state()
         for part in self.parts:
             part.share_state(self)  # one epoch, one position, one set of counters
@@ -158,9 +170,30 @@ class MixedDataset(ShardDataset):
         """Batches this rank yields in the current epoch: the shortest source's."""
         return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
 
+    def _roots(self) -> list[Path | str]:
+        return [p.root for p in self.parts]
+
+    def rank_samples(self) -> int:
+        """Samples this rank's pass plans to deliver: its batches, all whole (train mode)."""
+        return len(self) * self.batch_size
+
     def leg_batches(self) -> int:
-        """Batches this rank yields in the current leg of the epoch: the shortest source's."""
-        return min(p.leg_batches() for p in self.parts)
+        """Batches this rank yields in the current leg of the epoch: the shortest source's.
+
+        Raises:
+            ConfigError: a source has fewer samples a rank than its share of a batch (no batch at all).
+
+        """
+        batches = [p.leg_batches() for p in self.parts]
+        if not self.cursor.legs and not min(batches):
+            empty = batches.index(0)
+            part = self.parts[empty]
+            raise ConfigError(
+                f"source {empty} ({part.root}) has {part.num_samples // part.world_size} sample(s) a rank, "
+                f"fewer than its {part.batch_size} a batch: an epoch would be empty; lower its weight or "
+                "the batch size"
+            )
+        return min(batches)
 
     def _mix_settings(self) -> dict[str, Any]:
         return {"weights": list(self.weights), "shares": list(self.shares)}
@@ -181,6 +214,7 @@ class MixedDataset(ShardDataset):
     def _zipped(self, at: PassPosition, clock: StageClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
         """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
         streams = [passes.raw_batches(p, at, clock=clock) for p in self.parts]
+        rank = self.rank
         for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
             k = batches[0][0]
             samples = [
@@ -188,7 +222,7 @@ class MixedDataset(ShardDataset):
                 for (_, part), offset in zip(batches, self._offsets, strict=True)
                 for s in part
             ]
-            rng = mix_rng(self.seed, at.epoch, self.rank, at.worker, k)
+            rng = mix_rng(self.seed, at.epoch, rank, at.worker, k)
             yield k, [samples[i] for i in rng.permutation(len(samples))]
         for stream in streams:
             stream.close()  # type: ignore[attr-defined]

@@ -76,7 +76,7 @@ def worker_pass(
     """
     if clock is None:
         clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
-    train, worker = ds.mode == "train", at.worker
+    train, worker, rank = ds.mode == "train", at.worker, ds.rank  # the rank this pass settled
     dropped = _counter(ds, worker, FILTERED)
     if raw is None:
         # [plan] -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
@@ -96,7 +96,7 @@ def worker_pass(
                 ds.raw_stages,
                 make_up=train,
                 on_dropped=dropped,
-                seed_of=lambda k: stages_seed(ds.seed, at.epoch, ds.rank, worker, k),
+                seed_of=lambda k: stages_seed(ds.seed, at.epoch, rank, worker, k),
             )
             if ds.raw_stages
             else None,
@@ -123,7 +123,7 @@ def worker_pass(
             #             with no image stage, each image is written into its batch's buffer at once
             st.decode_batches(
                 ds.transform,
-                seed_of=lambda k: augment_seed(ds.seed, at.epoch, ds.rank, worker, k),
+                seed_of=lambda k: augment_seed(ds.seed, at.epoch, rank, worker, k),
                 restore=pool is None,
                 on_corrupt=on_corrupt(ds, worker),
                 clock=clock,

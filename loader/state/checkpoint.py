@@ -9,21 +9,34 @@ the difference named (world size and worker count may differ for a ``ShardLoader
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from imgshards.converter.manifest import ShardInfo
+
 from ..errors import ConfigError, ResumeError
 from .cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
+from .ranks import settle_ranks
 
-__all__ = ["STATE_VERSION", "EpochState", "Leg", "PassPosition", "check_settings", "settings"]
+__all__ = [
+    "STATE_VERSION",
+    "EpochState",
+    "Leg",
+    "PassPosition",
+    "check_settings",
+    "settings",
+    "shards_digest",
+]
 
 Leg = tuple[int, int, int]  # (world_size, num_workers, batches each rank delivered): see .elastic
 
-STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+STATE_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+_RECORDED_SINCE_3 = ("split", "shards")
 
 
 @dataclass(frozen=True)
@@ -56,8 +69,14 @@ class PassPosition:
 
 
 def settings(dataset: Any) -> dict[str, Any]:
-    """The settings of ``dataset`` that fix the order of its epochs, but for the topology."""
+    """The settings of ``dataset`` that fix the order of its epochs, but for the topology.
+
+    ``split`` and ``shards`` (:func:`shards_digest`) tell the data itself: a state of another split
+    or dataset of the same size would otherwise resume there, skipping samples it never delivered.
+    """
     return {
+        "split": dataset.split,
+        "shards": dataset.shards_digest,
         "samples": dataset.num_samples,
         "batch_size": dataset.batch_size,
         "seed": dataset.seed,
@@ -70,6 +89,14 @@ def settings(dataset: Any) -> dict[str, Any]:
     }
 
 
+def shards_digest(shards: Iterable[ShardInfo]) -> str:
+    """A short digest of a split's shards (names, sample counts, checksums): which data a state is of."""
+    h = hashlib.sha256()
+    for shard in shards:
+        h.update(f"{shard.name}\t{shard.samples}\t{shard.sha256}\n".encode())
+    return h.hexdigest()[:16]
+
+
 def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], what: str) -> None:
     """Raise :class:`ResumeError` unless ``state`` is a readable ``what`` state with the settings ``mine``."""
     if not isinstance(state, Mapping) or "epoch" not in state or "version" not in state:
@@ -78,7 +105,12 @@ def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], what: str)
         raise ResumeError(
             f"{what} state version {state['version']!r}; this imgshards reads {_READABLE_VERSIONS}"
         )
-    differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+    # A state saved before a setting was recorded is not checked for it.
+    differ = {
+        k: (state.get(k), v)
+        for k, v in mine.items()
+        if state.get(k) != v and (k in state or k not in _RECORDED_SINCE_3)
+    }
     if differ:
         detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
         raise ResumeError(f"cannot resume: the {what} differs from the saved one ({detail})")
@@ -95,7 +127,7 @@ class EpochState:
     _control: SharedControl
     _progress: PassPosition
     _pending: PassPosition | None
-    world_size: int
+    _asked: tuple[int | None, int | None]  # the rank= and world_size= the dataset was given
     batch_size: int
     seed: int
     mode: str
@@ -126,6 +158,39 @@ class EpochState:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
         if epoch != self.cursor.epoch:
             self.cursor.seek(epoch, (), 0)
+
+    # ---- the rank, settled as a pass starts (.ranks) -------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """The rank of this process, as settled when the current pass started (or now, if none has)."""
+        return self._ranks()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, as settled when the current pass started (or now, if none has)."""
+        return self._ranks()[1]
+
+    def settle_ranks(self) -> tuple[int, int]:
+        """Settle rank and world size now (:func:`.ranks.settle_ranks`) and record them for the workers.
+
+        The training process calls it as a pass starts and for ``len()``; a worker reads the record.
+        """
+        ranks = settle_ranks(*self._asked)
+        self._control.record_ranks(*ranks)
+        return ranks
+
+    def _ranks(self) -> tuple[int, int]:
+        return self._control.ranks() or self.settle_ranks()
+
+    def _pass_ranks(self) -> tuple[int, int]:
+        """The rank and world size of a pass starting now: settled here in the training process.
+
+        A DataLoader worker reads them as the training process recorded them (it may run in another
+        environment: a worker started from a forkserver has no process group), and settles them
+        only when the training process has not.
+        """
+        return self.settle_ranks() if get_worker_info() is None else self._ranks()
 
     # ---- torchdata's Stateful protocol (one worker's part of an epoch) ------------------------
 

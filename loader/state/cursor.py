@@ -6,7 +6,7 @@ the finished stages of an elastic resume, and anything a worker reports back, it
 its free batch buffers, lives in one shared ``int64`` tensor laid out as::
 
     [epoch, start, delivered, stage count, stages (3 each), the pass's epoch, stage count and stages,
-     counters (5 per worker slot), flags (8 a slot)]
+     counters (5 per worker slot), flags (8 a slot), rank, world size]
 
 The first slots are the one record of the epoch, owned by :class:`EpochCursor` (no other code
 writes them): :class:`~imgshards.loader.ShardLoader` moves the dataset's cursor, never a copy of
@@ -49,7 +49,8 @@ _MAX_WORKER_SLOTS = 256
 _PER_WORKER = 5
 _POOL_BUFFERS = 8
 _POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
-_SIZE = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS
+_RANKS = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS  # the rank and world size the pass settled
+_SIZE = _RANKS + 2
 _CONTROLS = itertools.count()  # names the datasets' buffer pools in a process
 
 
@@ -167,6 +168,15 @@ class SharedControl:
         """Counter ``what`` added up over every worker process, over all passes so far."""
         return int(self._t[_COUNTERS + what : _POOL : _PER_WORKER].sum())
 
+    def record_ranks(self, rank: int, world_size: int) -> None:
+        """Record the rank and world size the training process settled as a pass starts (:mod:`.ranks`)."""
+        self._t[_RANKS : _RANKS + 2] = torch.tensor([rank, world_size])
+
+    def ranks(self) -> tuple[int, int] | None:
+        """The rank and world size last recorded, ``None`` before any (a world size is at least 1)."""
+        rank, world_size = self._t[_RANKS : _RANKS + 2].tolist()
+        return (rank, world_size) if world_size else None
+
     def pool(self, worker: int) -> BufferPool:
         """The batch-buffer pool of worker process ``worker`` (make one per process, on first use)."""
         first = _POOL + _POOL_BUFFERS * (worker % _MAX_WORKER_SLOTS)
@@ -177,7 +187,7 @@ class SharedControl:
 
         Call it once no tensor of the main process refers to that batch any more.
         """
-        assert _POOL <= token < _SIZE, token
+        assert _POOL <= token < _RANKS, token
         keep_buffer(self.name, token, storage)  # before the flag: the worker may send by name at once
         self._t[token] = 1
 

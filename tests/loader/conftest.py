@@ -8,7 +8,12 @@ sample identity, order and coverage without any hook in the loader.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -157,3 +162,40 @@ def class_sorted(packed_many, tmp_path_factory) -> Path:
     split = SplitInfo(name="train", shards=tuple(shards), class_counts=tuple(s.samples for s in shards))
     (root / INDEX_NAME).write_text(Manifest(classes=manifest.classes, splits={"train": split}).dumps())
     return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(script: Path, *args: str, timeout: float = 240) -> None:
+    """Run ``script args`` on 2 ranks under torchrun, as users do; fail naming why if it fails or hangs."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(_free_port()), str(script), *args,
+    ]  # fmt: skip
+    # Not a rank of a launcher this test runs under: torchrun sets each rank's variables itself.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")}
+    # A session of its own: the ranks and their DataLoader workers are one process group to kill,
+    # whether the run times out here or the test is stopped (pytest-timeout, Ctrl-C).
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun {script.name} timed out after {timeout:g} s; its stderr ended: {err[-3000:]}")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+
+
+@pytest.fixture(scope="session")
+def torchrun():
+    """``torchrun(script, *args)``: run a rank script on 2 ranks under real torchrun (gloo on localhost)."""
+    return _torchrun

@@ -11,12 +11,13 @@ import random
 import shutil
 import tarfile
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 
 from imgshards.converter.manifest import read_manifest
-from imgshards.loader import ShardDataset, ShardReadError, make_loader
+from imgshards.loader import ConfigError, ShardDataset, ShardReadError, make_loader
 
 IDENTITY = torch.nn.Identity()
 
@@ -55,7 +56,7 @@ def test_a_shard_cut_in_its_sixth_sample_leaves_both_ranks_len_batches(two_shard
     counts, lost = [], 0
     for rank in range(2):
         with pytest.warns(RuntimeWarning, match="the index says"):
-            ds = ShardDataset(root, batch_size=16, rank=rank, world_size=2, transform=IDENTITY)
+            ds = ShardDataset(root, batch_size=16, rank=rank, world_size=2, transform=IDENTITY, max_lost=1)
         loader = make_loader(ds, num_workers=3)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -66,7 +67,7 @@ def test_a_shard_cut_in_its_sixth_sample_leaves_both_ranks_len_batches(two_shard
     assert lost == first.samples - 5, "every lost sample is counted once"
     # The worker's warning says what the shard holds, not where the worker's own range began.
     with pytest.warns(RuntimeWarning, match="the index says"):
-        ds = ShardDataset(root, batch_size=16, transform=IDENTITY, rank=0, world_size=2)
+        ds = ShardDataset(root, batch_size=16, transform=IDENTITY, rank=0, world_size=2, max_lost=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         list(make_loader(ds, num_workers=0))
@@ -127,7 +128,9 @@ def test_eval_makes_nothing_up_and_counts_what_it_lacks(ten_shards, tmp_path):
     lost = read_manifest(root).split("train").shards[3].samples
     seen, missing = 0, 0
     for rank in range(3):
-        ds = ShardDataset(root, batch_size=4, mode="eval", rank=rank, world_size=3, transform=IDENTITY)
+        ds = ShardDataset(
+            root, batch_size=4, mode="eval", rank=rank, world_size=3, transform=IDENTITY, max_lost=1
+        )
         loader = make_loader(ds, num_workers=2)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -136,3 +139,70 @@ def test_eval_makes_nothing_up_and_counts_what_it_lacks(ten_shards, tmp_path):
         if ds.lost_samples:
             assert any(f"{ds.lost_samples} planned sample(s) were lost" in str(w.message) for w in caught)
     assert missing == lost and seen == ds.num_samples - lost
+
+
+# ---- the loss threshold (issue 31): a pass that lost too much is an error, never a short epoch ----
+
+
+def lost_pass(root, *, mode, world_size=2, num_workers=2, **kw):
+    """Every rank's batches of one pass through ``make_loader``, warnings silenced; and the loaders."""
+    loaders = [
+        make_loader(
+            ShardDataset(
+                root, batch_size=4, mode=mode, rank=r, world_size=world_size, transform=IDENTITY, **kw
+            ),
+            num_workers=num_workers,
+        )
+        for r in range(world_size)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [list(ld) for ld in loaders], loaders
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_every_shard_unreadable_is_an_error_not_an_empty_pass(packed_many, tmp_path, mode):
+    n = len(read_manifest(packed_many).split("train").shards)
+    root = damaged_copy(packed_many, tmp_path / "bad", "random", range(n))
+    with pytest.raises(ShardReadError, match=r"lost \d+ of its \d+ sample|holds a readable sample"):
+        lost_pass(root, mode=mode, max_lost=1.0)  # even with no limit: a pass that lost everything
+
+
+def test_one_unreadable_shard_of_ten_is_more_than_the_default_allows(ten_shards, tmp_path):
+    root = damaged_copy(ten_shards, tmp_path / "bad", "random", [3])
+    with pytest.raises(ShardReadError, match=r"more than max_lost=0.01 allows: run `imgshards verify "):
+        lost_pass(root, mode="eval", world_size=1)
+    with pytest.raises(ConfigError, match=r"max_lost is a share of the samples, from 0 .* got 1.5"):
+        ShardDataset(root, max_lost=1.5)
+
+
+def damage_last_sample(root):
+    """Overwrite the header of each shard's last sample: each shard reads as one sample short."""
+    lost = set()
+    for shard in read_manifest(root).split("train").shards:
+        with tarfile.open(root / shard.name) as tar:
+            members = tar.getmembers()
+        key = members[-1].name.split(".", 1)[0]
+        first = next(m for m in members if m.name.split(".", 1)[0] == key)
+        with open(root / shard.name, "r+b") as f:
+            f.seek(first.offset)
+            f.write(random.Random(shard.name).randbytes(512))
+        lost.add(key)
+    return lost
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_every_shard_damaged_in_one_place_below_the_threshold(packed_copy, lookup_many, mode):
+    lost = damage_last_sample(packed_copy)
+    whole = lookup_many.keys - lost
+    ranks, loaders = lost_pass(packed_copy, mode=mode, max_lost=0.5)
+    assert sum(ld.dataset.lost_samples for ld in loaders) == len(lost)
+    keys = [[lookup_many.batch_keys(b) for b in r] for r in ranks]
+    if mode == "eval":  # every sample of the undamaged parts exactly once, over the ranks; none made up
+        assert Counter(k for r in keys for b in r for k in b) == Counter(whole)
+        assert all(len(r) <= len(ld) for r, ld in zip(ranks, loaders, strict=True))
+    else:  # len(loader) full batches on every rank, made up from its own samples; N mod W left out at most
+        assert [len(r) for r in ranks] == [len(ld) for ld in loaders] == [15, 15]
+        assert all(len(b) == 4 for r in keys for b in r[:-1])
+        seen = {k for r in keys for b in r for k in b}
+        assert seen <= whole and len(whole - seen) <= len(lookup_many.keys) % 2

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch.utils.data import get_worker_info
 
+from imgshards.converter import PackConfig, pack
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
@@ -293,6 +294,42 @@ def test_resume_refuses_other_settings(packed_many):
     next(iter(ev))
     with pytest.raises(ResumeError, match=r"eval pass resumes only at the saved topology"):
         make_loader(dataset(packed_many, mode="eval"), num_workers=0).load_state_dict(ev.state_dict())
+
+
+@pytest.fixture(scope="module")
+def two_splits(loader_tree, tmp_path_factory):
+    """``loader_tree`` packed twice into one dataset, as splits ``train`` and ``val`` of the same size."""
+    root = tmp_path_factory.mktemp("two_splits")
+    for split in ("train", "val"):
+        pack(loader_tree, root, PackConfig(split=split, shard_size=20_000, workers=2))
+    return root
+
+
+def test_resume_refuses_a_state_of_another_split_or_dataset(two_splits, packed_many, packed_few):
+    """Same sample count, batch size and seed: only the data differs, and resuming would skip samples."""
+    train = make_loader(dataset(two_splits, split="train"), num_workers=0)
+    next(iter(train))
+    state = train.state_dict()
+    with pytest.raises(ResumeError, match=r"split: saved 'train', now 'val'"):
+        make_loader(dataset(two_splits, split="val"), num_workers=0).load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"split: saved 'train', now 'val'"):
+        dataset(two_splits, split="val").load_state_dict(train.dataset.state_dict())
+    many = make_loader(dataset(packed_many), num_workers=0)
+    next(iter(many))
+    with pytest.raises(
+        ResumeError, match=r"cannot resume: the ShardLoader differs .*shards: saved '\w+', now '\w+'"
+    ):
+        make_loader(dataset(packed_few), num_workers=0).load_state_dict(many.state_dict())
+    # The same data elsewhere (a copy, a mirror) resumes; a state saved before these were recorded too.
+    make_loader(dataset(two_splits, split="train"), num_workers=0).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k not in ("split", "shards")} | {"version": 2}
+    make_loader(dataset(two_splits, split="val"), num_workers=0).load_state_dict(older)
+
+
+def test_a_path_to_the_index_reads_the_shards_beside_it(packed_few, lookup_few):
+    """``ShardDataset("shards/index.json")`` is the dataset in ``shards``, as the CLI takes it (issue 30)."""
+    assert run(packed_few / "index.json", lookup_few, mode="eval") == run(packed_few, lookup_few, mode="eval")
+    assert dataset(packed_few / "index.json").root == packed_few
 
 
 # ---- bad data ----------------------------------------------------------------------------------

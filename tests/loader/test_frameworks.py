@@ -8,11 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
 from itertools import islice
 from pathlib import Path
 
@@ -67,34 +62,10 @@ def test_dataset_state_refuses_other_settings(packed_many):
         ds.load_state_dict(make_loader(ds, num_workers=0).state_dict())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(mode: str, cfg: dict, tmp_path: Path, name: str) -> list[dict]:
-    """Run one phase under torchrun; on a timeout kill its whole process group and fail, saying why."""
+def phase(torchrun, mode: str, cfg: dict, tmp_path: Path, name: str) -> list[dict]:
+    """Run one phase under torchrun; each rank's result."""
     cfg = {**cfg, "out": str(tmp_path / name)}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(free_port()), str(WORKER), mode, json.dumps(cfg),
-    ]  # fmt: skip
-    # A session of its own: the ranks and their DataLoader workers are one process group to kill,
-    # whether the phase times out here or the test is stopped (pytest-timeout, Ctrl-C).
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun {mode} {name} timed out after 240 s; its stderr ended: {err[-3000:]}")
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    torchrun(WORKER, mode, json.dumps(cfg))
     return [json.loads((tmp_path / f"{name}.{rank}").read_text()) for rank in range(2)]
 
 
@@ -107,16 +78,23 @@ def base_cfg(packed_many):
     return {"root": str(packed_many), "batch_size": 8, "num_workers": 2, "epochs": 3}
 
 
-def test_lightning_fit_epochs_differ_ranks_match_and_a_killed_run_resumes_exactly(base_cfg, tmp_path):
-    full = torchrun("lightning", base_cfg, tmp_path, "full")
+def test_lightning_fit_epochs_differ_ranks_match_and_a_killed_run_resumes_exactly(
+    base_cfg, tmp_path, torchrun
+):
+    full = phase(torchrun, "lightning", base_cfg, tmp_path, "full")
     for r in full:
         epochs = epochs_of(r)
         assert len(epochs) == 3 and all(len(e) == r["len"] for e in epochs), "equal batches per rank"
         assert epochs[0] != epochs[1] != epochs[2] != epochs[0], "every epoch has its own order"
     assert full[0]["len"] == full[1]["len"]
+    # The loader is built before fit() joins the process group: its rank is settled as a pass starts.
+    seen = [h for r in full for batch in epochs_of(r)[0] for h in batch]
+    assert len(seen) == len(set(seen)), "the ranks split the epoch"
     ckpt = str(tmp_path / "mid.ckpt")
-    killed = torchrun("lightning", {**base_cfg, "kill_at": [1, 3], "ckpt_out": ckpt}, tmp_path, "killed")
-    resumed = torchrun("lightning", {**base_cfg, "ckpt": ckpt}, tmp_path, "resumed")
+    killed = phase(
+        torchrun, "lightning", {**base_cfg, "kill_at": [1, 3], "ckpt_out": ckpt}, tmp_path, "killed"
+    )
+    resumed = phase(torchrun, "lightning", {**base_cfg, "ckpt": ckpt}, tmp_path, "resumed")
     for rank in range(2):
         before, after, want = epochs_of(killed[rank]), resumed[rank]["seen"], epochs_of(full[rank])
         assert before[0] == want[0]
@@ -125,8 +103,8 @@ def test_lightning_fit_epochs_differ_ranks_match_and_a_killed_run_resumes_exactl
         assert after["2"] == want[2]
 
 
-def test_accelerate_prepare_under_torchrun(base_cfg, tmp_path):
-    results = torchrun("accelerate", {**base_cfg, "epochs": 2}, tmp_path, "accelerate")
+def test_accelerate_prepare_under_torchrun(base_cfg, tmp_path, torchrun):
+    results = phase(torchrun, "accelerate", {**base_cfg, "epochs": 2}, tmp_path, "accelerate")
     for r in results:
         assert r["same_loader"] and r["world"] == 2  # prepare() leaves the ShardLoader as it is
         epochs = epochs_of(r)

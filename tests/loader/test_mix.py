@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from imgshards.converter import IndexConfig, index
-from imgshards.loader import ConfigError, MixedDataset, ShardDataset, make_loader
+from imgshards.loader import ConfigError, MixedDataset, ShardDataset, ShardReadError, make_loader
 from imgshards.loader.mix import split_batch
 
 IDENTITY = torch.nn.Identity()
@@ -47,15 +47,15 @@ def test_every_batch_holds_the_weights_share_and_ranks_yield_equal_batches(sourc
         assert ds.shares == [6, 2] and ds.classes == ShardDataset(a).classes + ShardDataset(b).classes
         batches = list(make_loader(ds, num_workers=num_workers))
         lens.append(len(batches))
-        assert len(batches) == len(ds) == 10  # A: 57 a rank in 6s, B: 20 in 2s: 10 batches each
-        for batch in batches[:-1]:
+        assert len(batches) == len(ds) == 9  # A: 57 a rank, 9 whole batches of 6; B: 20, 10 of 2
+        for batch in batches:  # the last one included
             counts = Counter("B" if y >= 5 else "A" for y in batch.labels.tolist())
             assert counts == {"A": 6, "B": 2}
             assert batch.labels.tolist() != sorted(batch.labels.tolist())  # shuffled within the batch
         per_source.update("B" if y >= 5 else "A" for b_ in batches for y in b_.labels.tolist())
-    assert lens == [10, 10]
-    # Over the epoch: 3:1 but for the last, partial batch (A 3, B 2 a rank).
-    assert per_source == {"A": 2 * (9 * 6 + 3), "B": 2 * (9 * 2 + 2)}
+    assert lens == [9, 9]
+    # Over the epoch: exactly 3:1, A's partial batch (3 a rank) and B's 10th batch left out.
+    assert per_source == {"A": 2 * 9 * 6, "B": 2 * 9 * 2}
 
 
 def test_default_weights_follow_the_sizes_and_resume_is_exact(sources):
@@ -86,5 +86,23 @@ def test_a_mix_is_for_training(sources):
     a, b = sources
     with pytest.raises(ConfigError, match="a mix is for training"):
         MixedDataset([a, b], mode="eval")
+    with pytest.raises(ConfigError, match="leave drop_last out"):
+        MixedDataset([a, b], drop_last=False)
+    # A source with fewer samples a rank than its share of a batch: an error, not an empty epoch.
+    with pytest.raises(
+        ConfigError, match=r"source 1 \(.*\) has 40 sample\(s\) a rank, fewer than its 48 a batch"
+    ):
+        len(MixedDataset([a, b], weights=[1, 3], batch_size=64, transform=IDENTITY))
     with pytest.raises(ConfigError, match="two sources or more"):
         MixedDataset([a])
+
+
+def test_a_mix_that_lost_more_than_max_lost_names_every_source(sources):
+    a, b = sources
+    mix = MixedDataset([a, b], weights=[3, 1], batch_size=8, transform=IDENTITY, max_lost=0.1)
+    assert mix.rank_samples() == len(mix) * 8 == 152
+    mix.check_lost(0, 15)  # under 10%: warned about only
+    with pytest.raises(
+        ShardReadError, match=rf"lost 16 of its 152 .* at {a}, {b} .*`imgshards verify {a}` and"
+    ):
+        mix.check_lost(0, 16)
