@@ -23,6 +23,7 @@ from .errors import (
     ImageShapeError,
     LoaderTimeoutError,
     ResumeError,
+    ShardAccessError,
     ShardReadError,
     WorkerError,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "ResumeError",
     "RetryPolicy",
     "ScaleCropFlipColor",
+    "ShardAccessError",
     "ShardDataset",
     "ShardLoader",
     "ShardReadError",

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from imgshards.converter.errors import ImgshardsError
+
 from .batch import Batch, pool_token
 from .dataset import ShardDataset
 from .device import DeviceDecoder
@@ -142,7 +144,9 @@ class ShardLoader:
         # What the workers read as their pass starts (an eval pass restarts unless resumed).
         delivered = cursor.begin_pass(restart=ds.mode == "eval" and not self._loaded)
         self._loaded = False
-        epoch, total = ds.epoch, ds.leg_batches()
+        epoch, total = ds.epoch, ds.leg_batches()  # settles the rank for this pass
+        if self.decoder is not None:
+            self.decoder.rank = ds.rank  # its augment seeds: the rank of this pass, not of the build
         counts = (ds.corrupt_skipped, ds.lost_samples, ds.filtered_samples)
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
@@ -291,6 +295,11 @@ def _timed(loader: DataLoader[Any], timeout: float, workers: int) -> Iterator[An
             batch = next(it)
         except StopIteration:
             return
+        except ImgshardsError as e:
+            # DataLoader re-raises a worker's error as "Caught X in DataLoader worker process N.
+            # Original Traceback: ..." with the worker's traceback; imgshards' errors are one line
+            # naming the shard, the cause and the fix, and that line is what the loop gets.
+            raise _own_line(e) from None
         except RuntimeError as e:
             message = str(e)
             if message.startswith("DataLoader worker"):  # "... exited unexpectedly", "... is killed by"
@@ -308,6 +317,21 @@ def _timed(loader: DataLoader[Any], timeout: float, workers: int) -> Iterator[An
             continue
         waited = 0.0
         yield batch
+
+
+def _own_line(error: ImgshardsError) -> ImgshardsError:
+    """``error`` as its worker raised it: its own last line, without DataLoader's wrapping."""
+    message = str(error)
+    if not message.startswith("Caught ") or "\nOriginal Traceback" not in message:
+        return error
+    last = message.rstrip().rsplit("\n", 1)[-1]  # "imgshards.loader.errors.X: the line"
+    name, _, line = last.partition(": ")
+    if name.rsplit(".", 1)[-1] != type(error).__name__ or not line:
+        return error
+    try:
+        return type(error)(line)
+    except TypeError:  # a subclass built otherwise: keep DataLoader's message
+        return error
 
 
 def _end_with(owner: int, worker_id: int) -> None:

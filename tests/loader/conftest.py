@@ -199,3 +199,12 @@ def _torchrun(script: Path, *args: str, timeout: float = 240) -> None:
 def torchrun():
     """``torchrun(script, *args)``: run a rank script on 2 ranks under real torchrun (gloo on localhost)."""
     return _torchrun
+
+
+@pytest.fixture(scope="session")
+def packed_corrupt(tree_factory, packed_factory):
+    """Tiny tree with one JPEG cut in half, packed without checks so it lands in a shard."""
+    src = tree_factory(classes=2, per_class=10, seed=5)
+    victim = sorted(src.rglob("*.JPEG"))[3]
+    victim.write_bytes(victim.read_bytes()[:300])
+    return packed_factory(src, shard_size=20_000, check="none")

@@ -335,15 +335,6 @@ def test_a_path_to_the_index_reads_the_shards_beside_it(packed_few, lookup_few):
 # ---- bad data ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def packed_corrupt(tree_factory, packed_factory):
-    """Tiny tree with one JPEG cut in half, packed without checks so it lands in a shard."""
-    src = tree_factory(classes=2, per_class=10, seed=5)
-    victim = sorted(src.rglob("*.JPEG"))[3]
-    victim.write_bytes(victim.read_bytes()[:300])
-    return packed_factory(src, shard_size=20_000, check="none")
-
-
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_corrupt_image_is_skipped_counted_and_warned(packed_corrupt, num_workers):
     ds = ShardDataset(packed_corrupt, batch_size=4, mode="eval", transform=IDENTITY)

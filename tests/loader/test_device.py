@@ -189,3 +189,14 @@ def test_decode_on_is_checked_when_the_dataset_is_built(packed_many):
 
 
 # The CUDA tests are in test_device_cuda.py.
+
+
+def test_the_device_decoder_seeds_with_the_rank_of_the_pass(packed_many, monkeypatch):
+    # Built before the launcher's rank is known (a dataset made before init_process_group): the decoder
+    # made with the loader must draw its views with the rank the pass settles, as the workers do.
+    ds = ShardDataset(packed_many, batch_size=8, image_size=16, decode_on="cpu")
+    loader = make_loader(ds, num_workers=0)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    next(iter(loader))
+    assert ds.rank == loader.decoder.rank == 1

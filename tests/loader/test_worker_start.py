@@ -19,7 +19,7 @@ import pytest
 import torch
 import webdataset as wds
 
-from imgshards.loader import LoaderTimeoutError, ShardDataset, WorkerError, make_loader
+from imgshards.loader import CorruptImageError, LoaderTimeoutError, ShardDataset, WorkerError, make_loader
 
 IDENTITY = torch.nn.Identity()
 
@@ -210,3 +210,14 @@ def test_workers_end_with_the_training_process(packed_many, how, method):
     while any(map(alive, started["workers"])) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(map(alive, started["workers"])), f"workers left behind after {how}"
+
+
+def test_an_error_from_a_worker_reaches_the_loop_as_its_one_line(packed_corrupt):
+    def error(num_workers):
+        ds = ShardDataset(packed_corrupt, batch_size=4, mode="eval", transform=IDENTITY, on_error="raise")
+        with pytest.raises(CorruptImageError) as caught:
+            list(make_loader(ds, num_workers=num_workers))
+        return str(caught.value)
+
+    # DataLoader wraps a worker's error in "Caught ... Original Traceback ..."; the loop gets the line.
+    assert error(2) == error(0) and "\n" not in error(2) and "does not decode" in error(2)
