@@ -343,6 +343,7 @@ class _Decoded(list[Sample]):
 decode_batches = pipelinefilter(_decode_batches)
 decode_batches.__doc__ = """Stage on batches: decode and transform every sample of batch ``k`` with
 torch's generator seeded by ``seed_of(k)`` (``restore``: put the caller's generator state back).
+With a preset, a large JPEG is decoded at the scale its view needs (:mod:`~imgshards.loader.scaled`).
 An image that does not decode, or that the transform refuses (a shape a preset will not resize,
 :class:`~imgshards.loader.ImageShapeError`; memory it cannot have), goes to ``on_corrupt`` and
 leaves its batch one smaller (raises without ``on_corrupt``). With ``rows`` (a batch buffer for
