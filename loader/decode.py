@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from imgshards.converter.formats import orientation, upright  # EXIF orientation, as pack applies it
 from imgshards.converter.headers import (
     JpegHeader,
     jpeg_header,
@@ -124,17 +125,17 @@ def decode(
     return torch.from_numpy(array).permute(2, 0, 1)
 
 
-# EXIF orientation (tag 0x0112) -> the transposition that shows the image upright, and which of the
-# shown image's axes (x, y) run backwards through the stored one: those whose far edge the stored
-# image's padding to whole reduced pixels lands on.
-_ORIENTATIONS: dict[int, tuple[Image.Transpose, bool, bool]] = {
-    2: (Image.Transpose.FLIP_LEFT_RIGHT, True, False),
-    3: (Image.Transpose.ROTATE_180, True, True),
-    4: (Image.Transpose.FLIP_TOP_BOTTOM, False, True),
-    5: (Image.Transpose.TRANSPOSE, False, False),
-    6: (Image.Transpose.ROTATE_270, True, False),
-    7: (Image.Transpose.TRANSVERSE, True, True),
-    8: (Image.Transpose.ROTATE_90, False, True),
+# EXIF orientation -> which of the upright image's axes (x, y) run backwards through the stored one:
+# those whose far edge the stored image's padding to whole reduced pixels lands on.
+_BACKWARDS = {
+    1: (False, False),
+    2: (True, False),
+    3: (True, True),
+    4: (False, True),
+    5: (False, False),
+    6: (True, False),
+    7: (True, True),
+    8: (False, True),
 }
 
 
@@ -171,10 +172,9 @@ class OpenJpeg:
 
     def __init__(self, image: Image.Image) -> None:
         self._image = image
-        orientation = image.getexif().get(0x0112, 1)
-        self._orient = _ORIENTATIONS.get(orientation) if isinstance(orientation, int) else None
+        self._turn = orientation(image)
         width, height = image.size
-        self.height, self.width = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+        self.height, self.width = (width, height) if self._turn in (5, 6, 7, 8) else (height, width)
 
     def decode(self, scale: int) -> Reduced | None:
         """Decode at ``1 / scale`` (2, 4 or 8) by DCT scaling, RGB (grayscale too), upright.
@@ -191,14 +191,10 @@ class OpenJpeg:
             image.load()
         except _DECODE_ERRORS:
             return None
-        left = top = 0
-        if self._orient is not None:
-            method, x_backwards, y_backwards = self._orient
-            image = image.transpose(method)
-            if x_backwards:
-                left = self.width - image.size[0] * scale
-            if y_backwards:
-                top = self.height - image.size[1] * scale
+        image = upright(image, self._turn)
+        x_backwards, y_backwards = _BACKWARDS[self._turn]
+        left = self.width - image.size[0] * scale if x_backwards else 0
+        top = self.height - image.size[1] * scale if y_backwards else 0
         return Reduced(image, scale, left, top)
 
 
