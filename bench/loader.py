@@ -23,9 +23,9 @@ measures, with ``--workers`` DataLoader workers and batches of ``--batch-size``:
   as normalized floats on the device (imgshards' as uint8 in shared memory: ``to_device`` on a GPU
   costs little). Timing ends with a CUDA synchronize, so queued GPU work is counted.
 
-With ``--against REF`` (a git ref, e.g. ``e8eb196``, the last release) it instead installs REF into a
-temporary venv (``git archive`` of REF, ``pip install --no-deps --no-build-isolation`` into a venv
-made with ``--system-site-packages``, so both versions run on the same torch), then alternates, round
+With ``--against REF`` (a git ref, e.g. ``e8eb196``, the last release) it instead puts REF in a
+temporary folder (``git archive`` of REF, imported through ``PYTHONPATH`` by this interpreter, so
+both versions run on the same torch), then alternates, round
 by round: this checkout's loader, REF's loader, each in a fresh process on the same shards, and the
 ``limit`` row (one process decoding and augmenting the same images from memory with this checkout's
 decode and preset, times the worker count). It prints the median of each and two ratios:
@@ -245,10 +245,19 @@ def _decode_augment(job: tuple[str, int, int]) -> float:
     name, lo, hi = job
     torch.set_num_threads(1)  # as in a DataLoader worker
     transform = preset(name)
+    scaled = _scaled(transform)
     start = time.perf_counter()
     for data in _IMAGES[lo:hi]:
-        transform(decode(data, "jpg"))
+        if scaled is None or scaled(data, "jpg") is None:  # a large JPEG decoded at its view's scale
+            transform(decode(data, "jpg"))
     return time.perf_counter() - start
+
+
+def _scaled(transform: Callable) -> Callable | None:
+    """This checkout's scaled decode for ``transform``, as the loader's workers use it (issue 33)."""
+    from imgshards.loader.scaled import scaled_decoder  # here: `--one` imports this file under REF too
+
+    return scaled_decoder(transform)
 
 
 def run_cpu_limit(name: str, args: argparse.Namespace) -> Measure:
@@ -342,24 +351,24 @@ def warm_cache(*roots: Path) -> None:
 
 
 def install_ref(ref: str, where: Path, repo: Path = REPO) -> Path:
-    """Install git ref ``ref`` of this repository into a venv under ``where``; return its python.
+    """Put git ref ``ref`` of this repository under ``where``; return a python that imports it.
 
-    The venv sees the machine's packages (torch, torchvision, webdataset...), so both loaders run on
-    the same libraries; only imgshards differs.
+    The ``git archive`` of REF, its three folders linked under ``site/imgshards`` (the layout its
+    wheel installs, a namespace package), and a launcher running this interpreter with
+    ``PYTHONPATH`` set to that folder alone: both loaders run on the same torch and libraries, only
+    imgshards differs. (A venv made from a venv's python sees the base interpreter's packages, not
+    the venv's, and a ``pip install`` there needs the build tools of that base.)
     """
-    src, venv = where / "src", where / "venv"
+    src, site = where / "src", where / "site" / "imgshards"
     src.mkdir(parents=True)
+    site.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
-    )
-    python = venv / "bin" / "python"
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(src)],
-        check=True,
-        cwd=where,
-    )
+    for package in ("converter", "loader", "cli"):
+        (site / package).symlink_to(src / package)
+    python = where / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site.parent} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
     return python
 
 
@@ -377,7 +386,7 @@ def against(args: argparse.Namespace) -> None:
     """Alternate this checkout's loader, REF's and the limit on the same shards; print medians and ratios."""
     split = read_manifest(args.packed).split("train")
     with tempfile.TemporaryDirectory(prefix="imgshards-against-") as tmp:
-        print(f"installing {args.against} into a temporary venv ...", file=sys.stderr)
+        print(f"putting {args.against} in a temporary folder ...", file=sys.stderr)
         ref_python = install_ref(args.against, Path(tmp), args.repo)
         contenders: dict[str, Callable[[str], Measure]] = {
             "imgshards": lambda name: run_in(sys.executable, name, args),

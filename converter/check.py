@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from .formats import HEIF_EXTRA, heif_opener
 from .headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
 
 __all__ = ["Check", "Inspection", "Reason", "inspect_image"]
@@ -84,7 +85,13 @@ _EXT_BY_SUFFIX = {
     ".pgm": "pgm",
     ".tif": "tiff",
     ".tiff": "tiff",
+    ".heic": "heic",
+    ".heif": "heic",
+    ".avif": "avif",
 }
+# ISO base media file brands (the ``ftyp`` box) of AVIF and of HEIC/HEIF stills.
+_AVIF_BRANDS = frozenset({b"avif", b"avis"})
+_HEIC_BRANDS = frozenset({b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"})
 _OTHER_MAGIC = ((b"GIF8", "GIF"), (b"\x00\x00\x01\x00", "ICO"), (b"%PDF", "PDF"))
 
 
@@ -104,7 +111,18 @@ def _sniff(data: bytes) -> str | None:
         return "ppm"
     if head[:2] in (b"P1", b"P2", b"P4", b"P5"):
         return "pgm"
+    if head[4:8] == b"ftyp":
+        return _heif_kind(data)
     return None
+
+
+def _heif_kind(data: bytes) -> str | None:
+    """``"avif"`` or ``"heic"`` from an ISO media file's major and compatible brands; else ``None``."""
+    size = int.from_bytes(data[:4], "big")
+    brands = {data[at : at + 4] for at in range(8, min(size, len(data), 256) - 3, 4)} - {b"\0\0\0\0"}
+    if brands & _AVIF_BRANDS:
+        return "avif"
+    return "heic" if brands & _HEIC_BRANDS else None
 
 
 def _jpeg_header(data: bytes) -> Inspection:
@@ -183,6 +201,8 @@ def inspect_image(data: bytes, suffix: str, check: Check, max_pixels: int | None
 
     """
     ext = _sniff(data)
+    if ext == "heic" and not heif_opener():  # registers pillow-heif's opener for what follows
+        return Inspection(reason=Reason.UNSUPPORTED_FORMAT, detail=f"HEIC needs pillow-heif: {HEIF_EXTRA}")
     if check is Check.NONE:
         return Inspection(ext=ext or _EXT_BY_SUFFIX.get(suffix, suffix.lstrip(".")))
     if not data:

@@ -19,10 +19,22 @@ one format, decided from the tree:
 
 ``keep_formats`` stores every image's original bytes under its own extension instead;
 :func:`reader_warnings` says which readers then miss what.
+
+Phone photos come as HEIC (the iPhone's default) and AVIF, which no common reader of shards decodes:
+they are always converted to the split's format (JPEG when ``keep_formats`` leaves it open). AVIF
+goes through Pillow itself; HEIC through the pillow-heif plugin, an extra (:data:`HEIF_EXTRA`):
+without it a HEIC file is rejected with a reason naming that command.
+
+EXIF orientation, decided once for every format: an image arrives upright. A JPEG stored as it is
+keeps its orientation tag, which the loader's libjpeg-turbo decoders apply; an image converted here
+(any format, any reason) has its orientation applied to its pixels (:func:`upright`, counted as
+``"exif_rotated"``), since the re-encoded file carries no tag. pillow-heif applies a HEIC's own
+rotation when it opens it and leaves no tag to apply twice.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import warnings
@@ -32,7 +44,24 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-__all__ = ["JPEG_QUALITY", "ConvertedImage", "convert_image", "main_format", "reader_warnings"]
+__all__ = [
+    "ALWAYS_CONVERTED",
+    "EXIF_TRANSPOSE",
+    "HEIF_EXTRA",
+    "JPEG_QUALITY",
+    "ConvertedImage",
+    "convert_image",
+    "heif_opener",
+    "main_format",
+    "orientation",
+    "reader_warnings",
+    "upright",
+]
+
+ALWAYS_CONVERTED = frozenset({"heic", "avif"})
+"""Formats stored converted whatever the split's format is: no common shard reader decodes them."""
+HEIF_EXTRA = 'pip install -e ".[heic]"'
+"""The command that installs the HEIC decoder (pillow-heif), named where a HEIC file is rejected."""
 
 JPEG_QUALITY = 95
 _LOSSLESS_SUFFIXES = frozenset({".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"})
@@ -40,6 +69,40 @@ _PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
 # Image keys of timm's ReaderWds (timm.data.readers.reader_wds, ``input_key``): samples with none
 # of these are dropped with a warning.
 _TIMM_KEYS = ("jpg", "png", "webp")
+
+
+@functools.cache
+def heif_opener() -> bool:
+    """Register pillow-heif's HEIC opener with Pillow (once); ``False`` when it is not installed."""
+    try:
+        import pillow_heif  # the heic extra
+    except ImportError:
+        return False
+    pillow_heif.register_heif_opener()
+    return True
+
+
+EXIF_TRANSPOSE: dict[int, Image.Transpose] = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""EXIF orientation (tag 0x0112) -> the transposition that shows the image upright (1: none)."""
+
+
+def orientation(im: Image.Image) -> int:
+    """The EXIF orientation of an opened image: 1 to 8, 1 when it has none (or one out of range)."""
+    value = im.getexif().get(0x0112, 1)
+    return value if isinstance(value, int) and value in EXIF_TRANSPOSE else 1
+
+
+def upright(im: Image.Image, turn: int) -> Image.Image:
+    """``im`` with EXIF orientation ``turn`` (:func:`orientation` of its source) applied to its pixels."""
+    return im.transpose(EXIF_TRANSPOSE[turn]) if turn in EXIF_TRANSPOSE else im
 
 
 def main_format(paths: Iterable[str]) -> str:
@@ -102,7 +165,7 @@ def _for_png(im: Image.Image) -> Image.Image:
 
 
 def convert_image(data: bytes, source: str, target: str) -> ConvertedImage:
-    """Re-encode ``data`` (an image in format ``source``) as ``target`` (``"jpg"`` or ``"png"``).
+    """Re-encode ``data`` (an image in format ``source``) as ``target`` (``"jpg"`` or ``"png"``), upright.
 
     Raises:
         Exception: whatever Pillow raises for data it cannot decode (the caller rejects the file).
@@ -110,9 +173,15 @@ def convert_image(data: bytes, source: str, target: str) -> ConvertedImage:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # palette-with-transparency notices and the like
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
+        if source == "heic" and not heif_opener():
+            raise ValueError(f"HEIC needs pillow-heif: {HEIF_EXTRA}")
+        with Image.open(io.BytesIO(data)) as opened:
+            opened.load()
             reasons = [f"{source}_to_{target}"]
+            turn = orientation(opened)
+            im = upright(opened, turn)
+            if turn != 1:
+                reasons.append("exif_rotated")
             out = io.BytesIO()
             icc = im.info.get("icc_profile")
             if target == "jpg":

@@ -16,6 +16,7 @@ from pathlib import Path
 __all__ = [
     "IMG_EXTENSIONS",
     "INDEX_NAME",
+    "PHOTO_EXTENSIONS",
     "image_tree",
     "is_url",
     "local_path",
@@ -28,6 +29,8 @@ __all__ = [
 INDEX_NAME = "index.json"
 # torchvision.datasets.folder.IMG_EXTENSIONS; copied, not imported: the converter needs no torch.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# Phone photos, packed converted (formats.ALWAYS_CONVERTED): ImageFolder does not list them.
+PHOTO_EXTENSIONS = (".heic", ".heif", ".avif")
 # Entries read in a folder to tell what it holds: a hint for a message, not a scan.
 _PEEK = 64
 _PEEK_FOLDERS = 8
@@ -134,7 +137,10 @@ def _subfolders(folder: Path) -> list[Path]:
 def _holds_image(folder: Path) -> bool:
     try:
         with os.scandir(folder) as it:
-            return any(e.name.lower().endswith(IMG_EXTENSIONS) for e in itertools.islice(it, _PEEK))
+            return any(
+                e.name.lower().endswith(IMG_EXTENSIONS + PHOTO_EXTENSIONS)
+                for e in itertools.islice(it, _PEEK)
+            )
     except OSError:
         return False
 

@@ -30,10 +30,11 @@ import numpy as np
 
 from .check import Reason
 from .errors import SourceError, printable
-from .locate import IMG_EXTENSIONS, missing_path
+from .locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
 
 __all__ = ["IMG_EXTENSIONS", "SPLIT_NAMES", "PathTable", "Reject", "ScanResult", "scan_tree", "tree_warnings"]
 
+_PACKED_EXTENSIONS = IMG_EXTENSIONS + PHOTO_EXTENSIONS
 # Folder names that mean a split of a dataset, not a class of it.
 SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
 
@@ -175,7 +176,7 @@ def _walk_class(root: str, class_name: str) -> _ClassListing:
                     else:
                         stack.append((entry_rel, ancestors | {key}))
                 elif entry.is_file():
-                    if entry.name.lower().endswith(IMG_EXTENSIONS):
+                    if entry.name.lower().endswith(_PACKED_EXTENSIONS):
                         st = entry.stat()
                         files.append((entry.name, st.st_size, st.st_ino))
                     else:
@@ -288,7 +289,7 @@ def scan_tree(
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise SourceError(
             f"class director{'ies' if len(empty) > 1 else 'y'} with no image in {root}: {shown}. "
-            f"Images need one of the extensions {', '.join(IMG_EXTENSIONS)}; remove or fill "
+            f"Images need one of the extensions {', '.join(_PACKED_EXTENSIONS)}; remove or fill "
             "the empty class directories (ImageFolder refuses them too)"
         )
     offsets = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
@@ -363,7 +364,7 @@ def _only_folders(folder: Path) -> list[str]:
             for entry in it:
                 if entry.is_dir():
                     folders.append(entry.name)
-                elif entry.name.lower().endswith(IMG_EXTENSIONS):
+                elif entry.name.lower().endswith(_PACKED_EXTENSIONS):
                     return []
     except OSError:
         return []

@@ -40,7 +40,7 @@ from PIL import Image
 
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
-from .formats import convert_image
+from .formats import ALWAYS_CONVERTED, convert_image, orientation, upright
 from .offsets import BLOCK, encode_offsets
 from .pool import add_progress
 from .resume import combined_digest, file_digest
@@ -224,7 +224,9 @@ def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection
             size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
             if im.format == "JPEG":
                 im.draft("RGB", size)  # let libjpeg decode at 1/2, 1/4 or 1/8 scale when it can
-            rgb = im.convert("RGB")
+            turn = orientation(im)  # applied: the new file has no orientation tag (formats.py)
+            rgb = upright(im.convert("RGB"), turn)
+            size = size[::-1] if turn in (5, 6, 7, 8) else size  # width and height trade places
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
     out = io.BytesIO()
@@ -327,13 +329,15 @@ def _inspect(
     try:
         if task.resize is not None:
             return (*_reencode(data, task.resize, task.quality), ())
-        if task.image_format is None or verdict.ext == task.image_format:
+        # HEIC and AVIF are converted even where formats are kept: no shard reader decodes them.
+        target = task.image_format or ("jpg" if verdict.ext in ALWAYS_CONVERTED else None)
+        if target is None or verdict.ext == target:
             return data, verdict, ()
-        image = convert_image(data, str(verdict.ext), task.image_format)
+        image = convert_image(data, str(verdict.ext), target)
     except Exception as e:  # any decode failure while re-encoding is this file's verdict
         return Reject(rel, Reason.UNDECODABLE, f"{type(e).__name__}: {e}")
     return (
         image.data,
-        Inspection(ext=task.image_format, width=image.width, height=image.height),
+        Inspection(ext=target, width=image.width, height=image.height),
         image.reasons,
     )

@@ -8,18 +8,26 @@ torchcodec is not installed, torchvision's ``decode_jpeg`` serves while torchvis
 decodes JPEG too. Other formats go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK).
 The JPEG decoders return channels-last strides (``[3, H, W]`` over ``H x W x 3`` memory): the tensor
 resizes of the presets read that layout fastest, so it is kept, not copied to planar.
+
+A large JPEG can also be decoded smaller (:func:`open_jpeg`): libjpeg-turbo's DCT scaling, through
+Pillow's ``draft``, decodes it at 1/2, 1/4 or 1/8 of its size, skipping most of the inverse DCT and
+all of the colour conversion and upsampling of the pixels it leaves out. :mod:`.scaled` uses it when
+a preset's view of the image needs no more.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from PIL import Image
 
+from imgshards.converter.formats import orientation, upright  # EXIF orientation, as pack applies it
 from imgshards.converter.headers import (
     JpegHeader,
     jpeg_header,
@@ -29,7 +37,7 @@ from imgshards.converter.headers import (
 
 from .errors import CorruptImageError
 
-__all__ = ["JPEG_DECODER", "JpegHeader", "decode", "jpeg_header"]
+__all__ = ["JPEG_DECODER", "JpegHeader", "OpenJpeg", "Reduced", "decode", "jpeg_header", "open_jpeg"]
 
 # Exceptions Pillow and the JPEG decoders raise for bytes that are not a readable image.
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
@@ -80,6 +88,11 @@ JPEG_DECODER, _decode_jpeg = _jpeg_decoder()
 """Which library decodes JPEG here: ``"torchcodec"``, ``"torchvision"`` (fallback) or ``"pillow"``."""
 
 
+def _too_costly(data: bytes | bytearray | memoryview) -> str | None:
+    """Why ``data`` is refused before any decode (too many pixels or scans); ``None`` if it is not."""
+    return oversized(data) or too_many_scans(data)
+
+
 def decode(
     data: bytes | bytearray | memoryview, ext: str, *, key: str = "?", shard: str = "?"
 ) -> torch.Tensor:
@@ -95,7 +108,7 @@ def decode(
             ``key`` and ``shard`` name the sample in it.
 
     """
-    if (too_costly := oversized(data) or too_many_scans(data)) is not None:
+    if (too_costly := _too_costly(data)) is not None:
         raise CorruptImageError.for_sample(key, shard, too_costly)
     if ext == "jpg" and _decode_jpeg is not None:
         try:
@@ -110,3 +123,99 @@ def decode(
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)
+
+
+# EXIF orientation -> which of the upright image's axes (x, y) run backwards through the stored one:
+# those whose far edge the stored image's padding to whole reduced pixels lands on.
+_BACKWARDS = {
+    1: (False, False),
+    2: (True, False),
+    3: (True, True),
+    4: (False, True),
+    5: (False, False),
+    6: (True, False),
+    7: (True, True),
+    8: (False, True),
+}
+
+
+class Reduced(NamedTuple):
+    """A JPEG decoded at ``1 / scale`` of its size, RGB and upright.
+
+    Attributes:
+        image: The reduced image (a Pillow image, RGB).
+        scale: 2, 4 or 8: one of its pixels spans ``scale`` x ``scale`` pixels of the full image.
+        left: Where its first column starts, in the full upright image's pixels: 0, or less where the
+            full image runs backwards through the stored one (EXIF orientation) and its width is not
+            a multiple of ``scale`` (the last stored reduced pixel is only partly covered).
+        top: The same for its first row.
+
+    """
+
+    image: Image.Image
+    scale: int
+    left: int
+    top: int
+
+    def box(self, top: float, left: float, height: float, width: float) -> tuple[float, float, float, float]:
+        """The full image's region ``(top, left, height, width)`` in this image's pixels, ``(l, t, r, b)``."""
+        x, y = (left - self.left) / self.scale, (top - self.top) / self.scale
+        return x, y, x + width / self.scale, y + height / self.scale
+
+
+class OpenJpeg:
+    """A JPEG whose headers are read, not yet decoded: its upright size, then :meth:`decode` at a scale.
+
+    Upright as :func:`decode` gives it: libjpeg-turbo's decoders (torchcodec's, torchvision's)
+    apply the EXIF orientation, so this does too (Pillow, which does not on its own, is told to).
+    """
+
+    def __init__(self, image: Image.Image) -> None:
+        self._image = image
+        self._turn = orientation(image)
+        width, height = image.size
+        self.height, self.width = (width, height) if self._turn in (5, 6, 7, 8) else (height, width)
+
+    def decode(self, scale: int) -> Reduced | None:
+        """Decode at ``1 / scale`` (2, 4 or 8) by DCT scaling, RGB (grayscale too), upright.
+
+        ``None`` where Pillow cannot (corrupt data, a layout ``draft`` declines): :func:`decode`'s
+        case, which says why or decodes it otherwise.
+        """
+        stored_w, stored_h = self._image.size
+        try:
+            self._image.draft("RGB", (stored_w // scale, stored_h // scale))
+            if self._image.size != (-(-stored_w // scale), -(-stored_h // scale)):
+                return None  # Pillow took another scale (or none)
+            image = self._image.convert("RGB") if self._image.mode != "RGB" else self._image
+            image.load()
+        except _DECODE_ERRORS:
+            return None
+        image = upright(image, self._turn)
+        x_backwards, y_backwards = _BACKWARDS[self._turn]
+        left = self.width - image.size[0] * scale if x_backwards else 0
+        top = self.height - image.size[1] * scale if y_backwards else 0
+        return Reduced(image, scale, left, top)
+
+
+@contextmanager
+def open_jpeg(data: bytes | bytearray | memoryview) -> Iterator[OpenJpeg | None]:
+    """The JPEG ``data`` opened for a reduced decode; ``None`` where :func:`decode` must take it.
+
+    ``None``: refused before decode (too many pixels or scans; :func:`decode` says why), or not a
+    JPEG Pillow opens. Only the headers are read here (Pillow opens lazily).
+    """
+    if _too_costly(data) is not None:
+        yield None
+        return
+    try:
+        image = Image.open(io.BytesIO(data), formats=["JPEG"])
+    except _DECODE_ERRORS:
+        yield None
+        return
+    with image:
+        try:
+            jpeg = OpenJpeg(image)
+        except _DECODE_ERRORS:  # its EXIF does not parse
+            jpeg = None
+        yield jpeg

@@ -37,6 +37,13 @@ unseeded CUDA one. A preset splits into :meth:`draw` (the random parameters of o
 :class:`View`, from its size alone) and :meth:`apply`; ``preset(img)`` is ``apply(img, draw(h, w))``,
 so the training process can draw a batch's views on the host, in sample order, with the workers'
 generator, and apply them in one batched pass on a GPU (:mod:`.augment`).
+
+A view also says how small the image may be decoded (:func:`reduction`): a 12 MP photo's view
+needs a quarter of its resolution or less. :meth:`apply_reduced` applies a view drawn from the
+full size to the image decoded at 1/2, 1/4 or 1/8 (:class:`~.decode.Reduced`), its box scaled
+exactly: Pillow's resize takes a fractional box, and its bilinear antialiased kernel is the one
+torch's ``uint8`` kernel was ported from. :mod:`.scaled` decides when; an image no view of which
+can be reduced (:attr:`reducible_from`) never reaches it.
 """
 
 from __future__ import annotations
@@ -48,8 +55,10 @@ from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.nn.functional import conv2d, interpolate
 
+from .decode import Reduced
 from .errors import ConfigError, ImageShapeError
 
 __all__ = [
@@ -61,6 +70,7 @@ __all__ = [
     "Transform",
     "View",
     "preset",
+    "reduction",
 ]
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -129,6 +139,30 @@ def _resize_region(
     return _resize(img[:, top : top + height, left : left + width], size, size)
 
 
+def reduction(view: View, size: int) -> int:
+    """How much smaller than its full size an image may be decoded for ``view``: 8, 4, 2, or 1 (not).
+
+    The largest of 1/8, 1/4, 1/2 (libjpeg's DCT scales) at which the view's box still spans at least
+    the ``size`` output pixels in both axes: the resize to ``size`` then still shrinks, or keeps, it.
+    """
+    for scale in (8, 4, 2):
+        if view.height >= size * scale and view.width >= size * scale:
+            return scale
+    return 1
+
+
+def _resize_reduced(reduced: Reduced, view: View, height: int, width: int) -> torch.Tensor:
+    """Resize ``view``'s box, in full-image pixels, of the ``reduced`` image to ``height`` x ``width``.
+
+    Pillow's bilinear antialiased resize, whose ``box`` may be fractional: the box is the view's,
+    scaled exactly, not rounded to the reduced image's pixels. Returns channels-last strides, as
+    every preset does.
+    """
+    box = reduced.box(view.top, view.left, view.height, view.width)
+    out = reduced.image.resize((width, height), Image.Resampling.BILINEAR, box=box)
+    return torch.from_numpy(np.array(out)).permute(2, 0, 1)
+
+
 def _resize(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Resize ``img`` to ``height`` x ``width``, bilinear and antialiased (torchvision's kernel)."""
     # A batch of one with a batch stride that fits the region: a region as wide as the image, put
@@ -159,6 +193,7 @@ class RandomResizedCropFlip:
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
     ) -> None:
         self.size, self.scale, self.ratio = size, scale, ratio
+        self.reducible_from = 2 * size  # the shorter side of an image some view could be halved on
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
@@ -195,6 +230,11 @@ class RandomResizedCropFlip:
         out = _resize_region(img, int(view.top), int(view.left), int(view.height), int(view.width), self.size)
         return out.flip(-1) if view.flip else out
 
+    def apply_reduced(self, reduced: Reduced, view: View) -> torch.Tensor:
+        """:meth:`apply` on the image decoded smaller, ``view`` drawn from its full size."""
+        out = _resize_reduced(reduced, view, self.size, self.size)
+        return out.flip(-1) if view.flip else out
+
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         """Return a random crop of ``img`` resized to ``size`` x ``size``, flipped half the time."""
         return self.apply(img, self.draw(img.shape[-2], img.shape[-1]))
@@ -213,6 +253,8 @@ class ScaleCropFlipColor:
     ) -> None:
         self.size, self.jitter, self.lighting = size, jitter, lighting
         self.shorter = (round(shorter[0] * size / 224), round(shorter[1] * size / 224))
+        # A view spans at most shorter * size / shorter[0] source pixels: halved, at least size.
+        self.reducible_from = 2 * self.shorter[0]
 
     def __repr__(self) -> str:
         return (
@@ -243,6 +285,14 @@ class ScaleCropFlipColor:
     def apply(self, img: torch.Tensor, view: View) -> torch.Tensor:
         """Resize ``view``'s box of ``img``, recolour it, flip it if ``view`` says so."""
         out = _resize_region(img, int(view.top), int(view.left), int(view.height), int(view.width), self.size)
+        return self._finish(out, view)
+
+    def apply_reduced(self, reduced: Reduced, view: View) -> torch.Tensor:
+        """:meth:`apply` on the image decoded smaller, ``view`` drawn from its full size."""
+        return self._finish(_resize_reduced(reduced, view, self.size, self.size), view)
+
+    def _finish(self, out: torch.Tensor, view: View) -> torch.Tensor:
+        """Recolour the resized view ``out`` and flip it, as ``view`` says."""
         assert view.factors is not None and view.order is not None
         lighting = np.array(view.lighting, dtype=np.float32) if view.lighting is not None else None
         out = self._recolor(out, list(view.factors), list(view.order), lighting)
@@ -367,6 +417,7 @@ class ResizeCenterCrop:
             raise ConfigError(f"max_aspect is the longer side over the shorter, at least 1; got {max_aspect}")
         self.size, self.max_aspect = size, max_aspect
         self.resize = round(size * 256 / 224)
+        self.reducible_from = 2 * self.resize  # a view spans shorter * size / resize source pixels
 
     def __repr__(self) -> str:
         name, aspect = type(self).__name__, self.max_aspect
@@ -421,6 +472,14 @@ class ResizeCenterCrop:
     def apply(self, img: torch.Tensor, view: View) -> torch.Tensor:
         """Resize and centre-crop ``img`` (``view`` is implied by its size)."""
         return self(img)
+
+    def apply_reduced(self, reduced: Reduced, view: View) -> torch.Tensor:
+        """The centre crop of the image decoded smaller: ``view``'s box of it, resized.
+
+        The same sampling grid as resizing the whole image and cropping it (Pillow clips a box's
+        filter at the image's edges, not the box's), so no whole-image resize is needed.
+        """
+        return _resize_reduced(reduced, view, self.size, self.size)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         """Return the centre ``size`` x ``size`` crop of ``img`` resized.

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
@@ -44,6 +45,7 @@ from .pipeline.read import batched, seeded
 from .pipeline.stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, NoClock, StageClock
 from .presets import Transform
 from .reader import RawSample, image_member, sample_shard
+from .scaled import ScaledDecoder, scaled_decoder
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
@@ -98,6 +100,12 @@ def _decode_one(sample: Mapping[str, Any], decode_: Callable[..., Any] = decode_
             str(sample.get("__key__")), sample_shard(sample), "no image member"
         )
     return decode_(sample[ext], ext, key=str(sample.get("__key__")), shard=sample_shard(sample))
+
+
+def _scaled_one(sample: Mapping[str, Any], scaled: ScaledDecoder | None) -> Any:
+    """The sample's image decoded at a reduced scale and transformed; ``None``: the usual path."""
+    ext = image_member(sample) if scaled is not None else None
+    return scaled(sample[ext], ext) if scaled is not None and ext else None
 
 
 def _transform_one(sample: Mapping[str, Any], image: Any, transform: Transform) -> Any:
@@ -298,6 +306,8 @@ def _decode_batches(
 ) -> Iterator[tuple[int, list[Sample]]]:
     """See :data:`decode_batches`."""
     decode_, transform_ = clock.timed(DECODE, decode_image), clock.timed(AUGMENT, transform)
+    # A preset decodes a large JPEG at the scale its view needs (None: every image the usual way).
+    scaled = scaled_decoder(transform, partial(clock.timed, DECODE), partial(clock.timed, AUGMENT))
     put = clock.timed(COLLATE, BatchRows.put)
     for k, samples in data:
         out = _Decoded()
@@ -306,9 +316,12 @@ def _decode_batches(
             for sample in samples:
                 image = sample.get(IMAGE)
                 try:
-                    if image is None:
-                        image = _decode_one(sample, decode_)
-                    image = _transform_one(sample, image, transform_)
+                    if image is None and (done := _scaled_one(sample, scaled)) is not None:
+                        image = done  # decoded at the scale its view needs, and transformed
+                    else:
+                        if image is None:
+                            image = _decode_one(sample, decode_)
+                        image = _transform_one(sample, image, transform_)
                 except CorruptImageError as e:
                     if on_corrupt is None:
                         raise
@@ -330,6 +343,7 @@ class _Decoded(list[Sample]):
 decode_batches = pipelinefilter(_decode_batches)
 decode_batches.__doc__ = """Stage on batches: decode and transform every sample of batch ``k`` with
 torch's generator seeded by ``seed_of(k)`` (``restore``: put the caller's generator state back).
+With a preset, a large JPEG is decoded at the scale its view needs (:mod:`~imgshards.loader.scaled`).
 An image that does not decode, or that the transform refuses (a shape a preset will not resize,
 :class:`~imgshards.loader.ImageShapeError`; memory it cannot have), goes to ``on_corrupt`` and
 leaves its batch one smaller (raises without ``on_corrupt``). With ``rows`` (a batch buffer for

@@ -95,6 +95,8 @@ SHARED_WITH_THE_LOADER = {
     "imgshards.converter.tarsamples",
     # The timeouts a URL's file system is given (with_timeouts): the index is read with them too.
     "imgshards.converter.remotefs",
+    # EXIF orientation, applied one way by pack's conversions and the loader's scaled decode.
+    "imgshards.converter.formats",
 }
 
 
@@ -113,7 +115,7 @@ def test_converter_never_imports_the_loader_or_the_cli():
 
 
 # Distribution name -> the module it installs, where they differ.
-_MODULE_OF = {"pillow": "PIL"}
+_MODULE_OF = {"pillow": "PIL", "pillow-heif": "pillow_heif"}
 
 
 def test_core_dependencies_are_exactly_what_the_packages_import():
@@ -123,6 +125,7 @@ def test_core_dependencies_are_exactly_what_the_packages_import():
     extras = _modules(project["optional-dependencies"]["plot"])  # imported only by `bench --plot`
     extras |= _modules(project["optional-dependencies"]["ray"])  # only by `pack --engine ray`
     extras |= _modules(project["optional-dependencies"]["http"])  # only for http(s):// URLs (timeouts)
+    extras |= _modules(project["optional-dependencies"]["heic"])  # only to open a HEIC file
     imported = (
         {m.split(".")[0] for folder in ("converter", "loader", "cli") for m in _imports(folder)}
         - set(sys.stdlib_module_names)

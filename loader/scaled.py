@@ -1,0 +1,88 @@
+"""Decode a large JPEG at the scale a preset's view of it needs: :func:`scaled_decoder`.
+
+A 12 MP photo's ``RandomResizedCrop(224)`` view never needs more than a quarter of its resolution,
+``eval``'s resize to 256 never more than an eighth: decoding all of it spends most of a worker's
+time on pixels the resize then averages away. For a JPEG whose shorter side could give some view
+at half resolution (the preset's ``reducible_from``, read from the frame header), the view is drawn
+from the header's (upright) size first, with the same draws from the same generator as the preset
+makes on the decoded image; the image is then decoded at the largest DCT scale the view allows
+(:func:`~.presets.reduction`) and the view applied to it (``apply_reduced``).
+
+Everything else goes the usual way, :func:`~.decode.decode` then the transform, unchanged: a
+smaller image (one header read more, a few microseconds), a view that needs full resolution, a
+CMYK JPEG (libjpeg-turbo's and Pillow's conversions to RGB differ), and any JPEG the reduced decode
+cannot take (refused, corrupt). The generator's state is put back before such a fallback, so the
+transform then draws exactly what it would have: the view of every image stays the same function
+of (seed, epoch, sample), and a corrupt image consumes no draws, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .decode import OpenJpeg, Reduced, jpeg_header, open_jpeg
+from .errors import ImageShapeError
+from .presets import RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, Transform, View, reduction
+
+__all__ = ["ScaledDecoder", "scaled_decoder"]
+
+Preset = RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop
+Timer = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class ScaledDecoder:
+    """Decode and transform a JPEG at a reduced scale where ``preset``'s view allows; else ``None``.
+
+    ``decode_timer`` and ``augment_timer`` wrap the decode and the resize (a stage clock's), so the
+    two are timed apart as on the usual path.
+    """
+
+    def __init__(self, preset: Preset, decode_timer: Timer, augment_timer: Timer) -> None:
+        self.preset = preset
+        self._decode = decode_timer(self._reduced_decode)
+        self._apply = augment_timer(preset.apply_reduced)
+
+    def __call__(self, data: bytes | bytearray | memoryview, ext: str) -> torch.Tensor | None:
+        """The transformed image of ``data``, decoded reduced; ``None``: take the usual path."""
+        if ext != "jpg":
+            return None
+        frame = jpeg_header(data)
+        if frame is None or min(frame.height, frame.width) < self.preset.reducible_from:
+            return None  # the usual JPEG: one header read, the cost of this module to it
+        if frame.components not in (1, 3):
+            return None
+        state = torch.get_rng_state()
+        with open_jpeg(data) as jpeg:  # the reduced image lives as long as the opened one
+            found = None if jpeg is None else self._decode(jpeg)
+            if found is None:
+                torch.set_rng_state(state)  # the transform draws again, the same draws
+                return None
+            return self._apply(*found)
+
+    def _reduced_decode(self, jpeg: OpenJpeg) -> tuple[Reduced, View] | None:
+        """Draw the view from ``jpeg``'s size; decode it at the scale the view allows (``None``: 1)."""
+        try:
+            view = self.preset.draw(jpeg.height, jpeg.width)
+        except ImageShapeError:
+            return None  # refused after the decode, as it always was
+        scale = reduction(view, self.preset.size)
+        if scale == 1:
+            return None
+        reduced = jpeg.decode(scale)
+        return None if reduced is None else (reduced, view)
+
+
+def _untimed(f: Callable[..., Any]) -> Callable[..., Any]:
+    return f
+
+
+def scaled_decoder(
+    transform: Transform, decode_timer: Timer = _untimed, augment_timer: Timer = _untimed
+) -> ScaledDecoder | None:
+    """A :class:`ScaledDecoder` for ``transform`` if it is one of the presets; ``None`` for any other."""
+    if isinstance(transform, RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop):
+        return ScaledDecoder(transform, decode_timer, augment_timer)
+    return None
