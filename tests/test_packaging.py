@@ -97,6 +97,8 @@ SHARED_WITH_THE_LOADER = {
     "imgshards.converter.remotefs",
     # EXIF orientation, applied one way by pack's conversions and the loader's scaled decode.
     "imgshards.converter.formats",
+    # Where a dataset is: a path or a URL, its index.json (ShardDataset takes what the CLI takes).
+    "imgshards.converter.locate",
 }
 
 
