@@ -196,7 +196,11 @@ def test_every_shard_damaged_in_one_place_below_the_threshold(packed_copy, looku
     lost = damage_last_sample(packed_copy)
     whole = lookup_many.keys - lost
     ranks, loaders = lost_pass(packed_copy, mode=mode, max_lost=0.5)
-    assert sum(ld.dataset.lost_samples for ld in loaders) == len(lost)
+    counted = sum(ld.dataset.lost_samples for ld in loaders)
+    if mode == "eval":
+        assert counted == len(lost)
+    else:  # a train epoch leaves N mod W samples out, which may be lost ones: never planned, never counted
+        assert len(lost) - len(lookup_many.keys) % 2 <= counted <= len(lost)
     keys = [[lookup_many.batch_keys(b) for b in r] for r in ranks]
     if mode == "eval":  # every sample of the undamaged parts exactly once, over the ranks; none made up
         assert Counter(k for r in keys for b in r for k in b) == Counter(whole)

@@ -170,7 +170,9 @@ def test_a_refused_or_missing_shard_fails_at_once(http_serve, remote_packed, tmp
     with pytest.raises(ShardAccessError) as raised:
         for _ in make_loader(eval_dataset(source), num_workers=2):
             pass
-    assert time.monotonic() - started < 10
+    # Well under the retries' backoff (0.2 s here alone; 10.3 s once in a loaded CI run): the ranges
+    # below are what shows that nothing was retried.
+    assert time.monotonic() - started < 30
     ranges = [(r.start, r.end) for r in state.gets(name)]
     assert len(ranges) == len(set(ranges)) <= 2  # no range asked twice (two are in flight at once)
     message = str(raised.value)
