@@ -320,14 +320,14 @@ def window_images(packed: Path, args: argparse.Namespace) -> list[bytes]:
     which comes from a few shards, so a few classes).
     """
     # Imported here: `--one` runs this file under REF's imgshards too, which may not have them.
+    from imgshards.loader.epoch.position import PassPosition
     from imgshards.loader.pipeline.passes import raw_samples
-    from imgshards.loader.state.checkpoint import PassPosition
 
     ds = ShardDataset(packed, batch_size=args.batch_size)
 
     def batches(worker: int) -> Iterator[list[bytes]]:
         at = PassPosition(0, (), 0, worker, args.workers)
-        samples = raw_samples(ds, at)
+        samples = raw_samples(ds.reading, at, ds.counters(worker))
         for size in ds.plan(at).sizes:
             yield [bytes(s[s.ext]) for s in islice(samples, size)]
 

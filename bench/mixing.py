@@ -30,7 +30,7 @@ from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
 from imgshards.loader import ShardDataset, passes
 from imgshards.loader.pipeline.read import batched
-from imgshards.loader.state.checkpoint import PassPosition
+from imgshards.loader.epoch.position import PassPosition
 
 LAYOUTS = [(1, 1), (1, 4), (2, 2), (4, 2)]
 FIRST = 5
@@ -76,7 +76,7 @@ def rank_labels(
     per_worker = []
     for w in range(workers):
         at = PassPosition(epoch, (), 0, w, workers)
-        plan, raw = ds.plan(at), passes.raw_samples(ds, at)
+        plan, raw = ds.plan(at), passes.raw_samples(ds.reading, at, ds.counters(w))
         per_worker.append([[s.label for s in b] for _, b in batched(raw, sizes=plan.sizes, make_up=None)])
     return [per_worker[j % workers][j // workers] for j in range(sum(map(len, per_worker)))]
 

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from imgshards.converter.errors import ImgshardsError
 
 from .batch import Batch, pool_token
-from .dataset import ShardDataset
+from .dataset import PassDataset
 from .device import DeviceDecoder
 from .errors import ConfigError, LoaderTimeoutError, ResumeError, WorkerError
 from .remote.cache import end_with
@@ -39,7 +39,7 @@ _LIVENESS_SECONDS = 5.0
 
 
 def make_loader(
-    dataset: ShardDataset,
+    dataset: PassDataset,
     *,
     num_workers: int,
     pin_memory: bool = True,
@@ -68,8 +68,8 @@ def make_loader(
             a :class:`WorkerError` within seconds, whatever this says.
 
     """
-    if not isinstance(dataset, ShardDataset):
-        raise ConfigError(f"make_loader takes a ShardDataset, got {type(dataset).__name__}")
+    if not isinstance(dataset, PassDataset):
+        raise ConfigError(f"make_loader takes a ShardDataset or a MixedDataset, got {type(dataset).__name__}")
     if num_workers < 0:
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     if prefetch_factor < 1:
@@ -111,7 +111,7 @@ class ShardLoader:
     not yet delivered exactly once (see :mod:`.epoch.elastic`).
     """
 
-    def __init__(self, dataset: ShardDataset, dataloader: DataLoader[Any], *, timeout: float = 0) -> None:
+    def __init__(self, dataset: PassDataset, dataloader: DataLoader[Any], *, timeout: float = 0) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
         self.timeout = timeout  # seconds without a batch from live workers (0: no limit)

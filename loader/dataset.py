@@ -1,18 +1,16 @@
 """``ShardDataset``: an ``IterableDataset`` over a packed split that yields whole batches.
 
-The class holds the configuration and what an epoch contains; a pass composes the stages of
-:mod:`.pipeline.passes` for the epoch's plan of this rank and worker (:mod:`.epoch.partition`)::
-
-    plan -> raw stream (read, interleave, shuffle) -> batches (skip delivered, decode, transform, collate)
-
-State the DataLoader workers share with the main process (epoch, resume point, counters, batch
-buffers) lives in :class:`~.control.SharedControl`.
+:class:`PassDataset` is what every dataset of the loader shares (a :class:`~.mix.MixedDataset`
+too): the epoch, shared with the DataLoader workers (:mod:`.state`), and a pass, which starts from
+where the epoch stands and runs :func:`.pipeline.passes.worker_pass` on the dataset's frozen
+settings. :class:`ShardDataset` reads one split: its settings are fixed once, in ``__init__``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -22,23 +20,24 @@ from torch.utils.data import IterableDataset, get_worker_info
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from .batch import Batch, BufferPool
-from .checks import check_choice
+from .device.offload import DecodeOn, RawBatch
 from .epoch import elastic, partition
-from .epoch.order import Order
-from .errors import ConfigError, ShardReadError
-from .offload import DecodeOn, RawBatch
-from .pipeline import passes
-from .pipeline.stagetimes import StageTimes
-from .presets import PRESETS, Transform, preset
+from .epoch.position import PassPosition
+from .errors import ConfigError, ShardReadError, check_choice
+from .image.presets import PRESETS, Transform, preset
+from .pipeline.batch import Batch, BufferPool
+from .pipeline.batches import Batches
+from .pipeline.passes import ImageSettings, ReadSettings, raw_pass, raw_samples, worker_pass
+from .pipeline.reader import RawSample
+from .pipeline.steps import NO_CLOCK, NoClock, StepClock, StepTimes
 from .remote import ShardSource
-from .remote.stream import DEFAULT_TIMEOUT
+from .remote.ranges import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
-from .state.checkpoint import EpochState, Leg, PassPosition, shards_digest
-from .state.cursor import SharedControl
+from .state.checkpoint import EpochState, shards_digest
+from .state.cursor import Counters, SharedControl
 from .state.ranks import settle_ranks
 
-__all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "ShardDataset"]
+__all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "PassDataset", "ShardDataset"]
 
 Mode = Literal["train", "eval"]
 OnError = Literal["skip", "raise"]
@@ -47,7 +46,165 @@ ON_ERROR: tuple[str, ...] = get_args(OnError)
 DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 
 
-class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
+class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
+    """An epoch of batches, shared with the DataLoader workers, and the pass each of them runs.
+
+    A subclass sets its settings (:attr:`images`, the attributes :class:`EpochState` reads) and
+    says how a pass gets its raw batches (:meth:`_raw`), how many batches a leg has
+    (:meth:`leg_batches`) and how many samples a rank's pass plans (:meth:`rank_samples`).
+    """
+
+    images: ImageSettings
+    split: str
+    num_samples: int
+    max_lost: float
+    decode_on: DecodeOn | None
+
+    def __init__(self, rank: int | None, world_size: int | None) -> None:
+        super().__init__()
+        # Checked now for an early error, but settled as each pass starts (see .state.ranks).
+        settle_ranks(rank, world_size)
+        self._asked = (rank, world_size)
+        # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
+        # object made once, at their start): the epoch and the resume point are read from here at
+        # the start of every pass, and each worker adds up what it skipped in its own slots.
+        self._control = SharedControl()
+        self._pool: BufferPool | None = None  # made in each worker process, on its first batch
+        # This process's pass, for state_dict() (``first``: the batches made); and a place loaded by
+        # load_state_dict() that the next pass of this process starts from.
+        self._progress = PassPosition()
+        self._pending: PassPosition | None = None
+        # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
+        # then each worker times its steps and counts its batches in it.
+        self.step_times: StepTimes | None = None
+
+    @property
+    def transform(self) -> Transform:
+        """The transform each image goes through (a preset, or the caller's)."""
+        return self.images.transform
+
+    @property
+    def on_error(self) -> str:
+        """``"skip"`` (drop, count and warn) or ``"raise"``."""
+        return self.images.on_error
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch, for any number of DataLoader workers.
+
+        Batches, not samples, on purpose: this dataset yields whole batches (``DataLoader(...,
+        batch_size=None)``), and a DataLoader's ``len()`` over an ``IterableDataset`` is
+        ``len(dataset)``, so ``len(loader)`` is right in every trainer. :attr:`num_samples` counts
+        samples. After an elastic resume it counts the epoch's batches delivered before it too.
+        """
+        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
+
+    def leg_batches(self) -> int:
+        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
+        raise NotImplementedError
+
+    def rank_samples(self) -> int:
+        """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
+        raise NotImplementedError
+
+    def check_lost(self, epoch: int, lost: int) -> None:
+        """Raise :class:`ShardReadError` if this rank's pass of ``epoch`` lost more than ``max_lost`` allows.
+
+        ``lost``: the samples the pass's plan held that damaged or unreadable shards did not give.
+        :class:`~imgshards.loader.ShardLoader` calls it as it hands over a pass's last batch (or
+        after the pass, if it ended short). Each rank judges its own pass, with no collective
+        operation: a rank that raises ends a ``torchrun`` or Lightning job (the launcher stops the
+        other ranks), where a collective would leave them waiting on it if it never got there.
+        """
+        planned = self.rank_samples()
+        if lost and (lost > self.max_lost * planned or lost >= planned):
+            roots = self._roots()
+            verify = " and ".join(f"`imgshards verify {root}`" for root in roots)
+            raise ShardReadError(
+                f"epoch {epoch}: rank {self.rank} lost {lost} of its {planned} sample(s) of split "
+                f"{self.split!r} at {', '.join(map(str, roots))} to truncated or unreadable shards, more "
+                f"than max_lost={self.max_lost:g} allows: run {verify} to name them and repack or "
+                "replace them (or raise max_lost)"
+            )
+
+    def _roots(self) -> list[Path | str]:
+        """Where the data is."""
+        raise NotImplementedError
+
+    def _sources(self) -> list[ShardSource]:
+        """What the pass reads from (settled as it ends: downloads reach the cache)."""
+        raise NotImplementedError
+
+    def release(self, token: int, storage: torch.UntypedStorage) -> None:
+        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
+        self._control.release(token, storage)
+
+    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
+        """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
+        return self._control.kept_buffer(token)
+
+    def forget_buffers(self) -> None:
+        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.batch`)."""
+        self._control.forget_buffers()
+
+    def counters(self, worker: int) -> Counters:
+        """The counters of process ``worker``, a handle its pass counts in."""
+        return self._control.counters(worker)
+
+    def count(self, worker: int, what: int, n: int = 1) -> None:
+        """Add ``n`` to shared counter ``what`` (:data:`.state.cursor.CORRUPT`...) of process ``worker``."""
+        self._control.count(worker, what, n)
+
+    # ---- a pass -----------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch | RawBatch]:
+        at = self.begin_pass()
+        info = get_worker_info()
+        if info is not None and self._pool is None:
+            self._pool = self._control.pool(info.id)  # made in each worker process, on its first pass
+        pool = self._pool if info is not None else None
+        clock = NO_CLOCK if self.step_times is None else self.step_times.clock()
+        counters = self.counters(at.worker)
+        raw = self._raw(at, counters, clock)
+        return self._recorded(worker_pass(self.images, raw, at, counters, pool=pool, clock=clock), at)
+
+    def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
+        """``(k, raw samples)`` of the pass of ``at``, the user's raw stages run."""
+        raise NotImplementedError
+
+    def _recorded(self, batches: Iterator[Any], at: PassPosition) -> Iterator[Any]:
+        """``batches``, with where this process's pass is recorded for :meth:`state_dict` as each goes."""
+        for k, batch in enumerate(batches, at.first):  # batch k of the worker's plan
+            self._progress = at.at(k + 1)
+            yield batch
+        # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
+        for source in self._sources():
+            source.settle()
+
+    def begin_pass(self) -> PassPosition:
+        """Where this process's pass starts, read when a DataLoader starts it (or a torchdata restore).
+
+        The pass's record as the pass began (:meth:`.state.cursor.EpochCursor.pass_state`), not as it
+        is now: the main process may have moved it on.
+        """
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # Settled here in the training process; a worker reads what it recorded.
+        rank, world_size = self._pass_ranks()
+        if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
+            at, self._pending = self._pending, None
+            at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers, rank, world_size)
+        else:
+            epoch, legs, resume = self.cursor.pass_state()
+            # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
+            # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
+            role = partition.resumed_worker(worker, resume, num_workers)
+            first = partition.delivered_by_worker(resume, num_workers)[role]
+            at = PassPosition(epoch, legs, first, role, num_workers, rank, world_size)
+        self._progress = at
+        return at
+
+
+class ShardDataset(PassDataset):
     """Batches of one split of a packed dataset, split exactly across ranks and DataLoader workers.
 
     Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` /
@@ -162,7 +319,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         raw_stages: Sequence[Stage] | None = None,
         image_stages: Sequence[Stage] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(rank, world_size)
         check_choice("mode", mode, MODES)
         check_choice("on_error", on_error, ON_ERROR)
         if batch_size < 1:
@@ -177,9 +334,6 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             raise ConfigError(
                 f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
             )
-        # Checked now for an early error, but settled as each pass starts (see .state.ranks).
-        settle_ranks(rank, world_size)
-        self._asked = (rank, world_size)
 
         if isinstance(source, ShardSource):
             if (
@@ -217,43 +371,51 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self.split = split
         self.batch_size = batch_size
         self.mode: Mode = mode
-        self.transform: Transform = transform
         self.shuffle = (mode == "train") if shuffle is None else shuffle
         self.shuffle_buffer = shuffle_buffer
         self.shuffle_initial = shuffle_initial
         self.drop_last = drop_last
         self.seed = seed
-        self.on_error: OnError = on_error
         self.max_lost = max_lost
         self.decode_on = DecodeOn.of(decode_on)
-        self.raw_stages = check_stages("raw_stages", raw_stages)
-        self.image_stages = check_stages("image_stages", image_stages)
-        if self.image_stages and self.decode_on is not None:
+        raw_stages = check_stages("raw_stages", raw_stages)
+        image_stages = check_stages("image_stages", image_stages)
+        if image_stages and self.decode_on is not None:
             raise ConfigError(
                 "image_stages run in the workers on decoded images; with decode_on the training process "
                 "decodes: transform its batches in the training loop instead"
             )
-        self._shard_samples = tuple(s.samples for s in self.split_info.shards)
+        shard_samples = tuple(s.samples for s in self.split_info.shards)
+        self.num_samples = sum(shard_samples)  # samples in the split (len() counts batches)
         self.shards_digest = shards_digest(self.split_info.shards)  # which data a resume state is of
-        self._layout = elastic.Layout(
-            self._shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
+        self.layout = elastic.Layout(
+            shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
         )
-        self._start_state()
+        # What a pass reads, and how it makes batches of it: fixed here, the same in every pass.
+        self.reading = ReadSettings(
+            self.split_info,
+            self.source,
+            tuple(self.manifest.classes),
+            self.layout,
+            train=mode == "train",
+            on_error=on_error,
+            raw_stages=raw_stages,
+            views=not (raw_stages or image_stages),
+            where=f"split {split!r} at {self.root}",
+        )
+        self.images = ImageSettings(
+            transform, seed, on_error, image_stages=image_stages, offload=self.decode_on is not None
+        )
 
-    def _start_state(self) -> None:
-        """The state of a dataset's passes (a :class:`~.mix.MixedDataset`'s too)."""
-        # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
-        # object made once, at their start): the epoch and the resume point are read from here at
-        # the start of every pass, and each worker adds up what it skipped in its own slots.
-        self._control = SharedControl()
-        self._pool: BufferPool | None = None  # made in each worker process, on its first batch
-        # This process's pass, for state_dict() (``first``: the batches made); and a place loaded by
-        # load_state_dict() that the next pass of this process starts from.
-        self._progress = PassPosition()
-        self._pending: PassPosition | None = None
-        # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
-        # then each worker times its stages and counts its batches in it.
-        self.stage_times: StageTimes | None = None
+    @property
+    def raw_stages(self) -> tuple[Stage, ...]:
+        """The user's stages on raw samples."""
+        return self.reading.raw_stages
+
+    @property
+    def image_stages(self) -> tuple[Stage, ...]:
+        """The user's stages on decoded images."""
+        return self.images.image_stages
 
     # ---- what an epoch holds ------------------------------------------------------------------
 
@@ -268,27 +430,16 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         return {name: i for i, name in enumerate(self.manifest.classes)}
 
     @property
-    def num_samples(self) -> int:
-        """Samples in the split (``len(dataset)`` counts batches: see :meth:`__len__`)."""
-        return sum(self._shard_samples)
-
-    @property
     def dropped_per_epoch(self) -> int:
         """Samples of the split no rank sees in one epoch (0 in eval mode; see the class docstring)."""
         return partition.dropped_samples(self.num_samples, world_size=self.world_size, **self._kw())
 
-    def __len__(self) -> int:
-        """Batches this rank yields in the current epoch, for any number of DataLoader workers.
-
-        Batches, not samples, on purpose: this dataset yields whole batches (``DataLoader(...,
-        batch_size=None)``), and a DataLoader's ``len()`` over an ``IterableDataset`` is
-        ``len(dataset)``, so ``len(loader)`` is right in every trainer. :attr:`num_samples` counts
-        samples. After an elastic resume it counts the epoch's batches delivered before it too.
-        """
+    def leg_batches(self) -> int:
+        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
+        rank, world_size = self._pass_ranks()
         if self.mode == "eval":
-            rank, world_size = self._pass_ranks()
             return partition.rank_batches(self.num_samples, world_size=world_size, **self._kw())[rank]
-        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
+        return elastic.rank_batches(self.layout, epoch=self.epoch, legs=self.cursor.legs, world_size=world_size)
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
@@ -298,129 +449,26 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         )
         return stop - start
 
-    def check_lost(self, epoch: int, lost: int) -> None:
-        """Raise :class:`ShardReadError` if this rank's pass of ``epoch`` lost more than ``max_lost`` allows.
-
-        ``lost``: the samples the pass's plan held that damaged or unreadable shards did not give.
-        :class:`~imgshards.loader.ShardLoader` calls it as it hands over a pass's last batch (or
-        after the pass, if it ended short). Each rank judges its own pass, with no collective
-        operation: a rank that raises ends a ``torchrun`` or Lightning job (the launcher stops the
-        other ranks), where a collective would leave them waiting on it if it never got there.
-        """
-        planned = self.rank_samples()
-        if lost and (lost > self.max_lost * planned or lost >= planned):
-            roots = self._roots()
-            verify = " and ".join(f"`imgshards verify {root}`" for root in roots)
-            raise ShardReadError(
-                f"epoch {epoch}: rank {self.rank} lost {lost} of its {planned} sample(s) of split "
-                f"{self.split!r} at {', '.join(map(str, roots))} to truncated or unreadable shards, more "
-                f"than max_lost={self.max_lost:g} allows: run {verify} to name them and repack or "
-                "replace them (or raise max_lost)"
-            )
-
-    def _roots(self) -> list[Path | str]:
-        """Where the data is (a mix's sources)."""
-        return [self.root]
-
-    def leg_batches(self) -> int:
-        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
-        if self.mode == "eval":
-            return len(self)
-        return elastic.rank_batches(
-            self._layout, epoch=self.epoch, stages=self.cursor.legs, world_size=self._pass_ranks()[1]
-        )
-
     def _kw(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": self.drop_last}
 
-    def _mix_settings(self) -> dict[str, Any]:
-        """What else fixes the order of an epoch (a mix's weights: see :mod:`.mix`)."""
-        return {}
+    def _roots(self) -> list[Path | str]:
+        return [self.root]
 
-    def release(self, token: int, storage: torch.UntypedStorage) -> None:
-        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
-        self._control.release(token, storage)
+    def _sources(self) -> list[ShardSource]:
+        return [self.source]
 
-    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
-        """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
-        return self._control.kept_buffer(token)
+    def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
+        return raw_pass(self.reading, at, counters, clock=clock)
 
-    def forget_buffers(self) -> None:
-        """Unmap the batch buffers kept for workers that exited (see :mod:`.batch`)."""
-        self._control.forget_buffers()
-
-    # ---- a pass (passes.worker_pass lists its stages) ------------------------------------------
-
-    def __iter__(self) -> Iterator[Batch | RawBatch]:
+    def raw_samples(self) -> Iterator[RawSample]:
+        """This process's raw samples of a pass starting now, every member read (:func:`.stages.samples`)."""
         at = self.begin_pass()
-        info = get_worker_info()
-        if info is not None and self._pool is None:
-            self._pool = self._control.pool(info.id)  # made in each worker process, on its first pass
-        pool = self._pool if info is not None else None
-        return self._batches(at.epoch, at.legs, at.first, at.worker, at.num_workers, pool=pool)
-
-    def _batches(
-        self,
-        epoch: int,
-        legs: tuple[Leg, ...],
-        first: int,
-        worker: int,
-        num_workers: int,
-        *,
-        pool: BufferPool | None,
-    ) -> Iterator[Batch | RawBatch]:
-        """The batches worker ``worker`` of ``num_workers`` yields in a pass, from batch ``first`` on."""
-        return passes.worker_pass(self, PassPosition(epoch, legs, first, worker, num_workers), pool=pool)
-
-    def begin_pass(self) -> PassPosition:
-        """Where this process's pass starts, read when a DataLoader starts it (or a torchdata restore).
-
-        The pass's record as the pass began (:meth:`.state.cursor.EpochCursor.pass_state`), not as it
-        is now: the main process may have moved it on.
-        """
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._pass_ranks()  # settled here in the training process; a worker reads what it recorded
-        if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
-            at, self._pending = self._pending, None
-            at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers)
-        else:
-            epoch, legs, resume = self.cursor.pass_state()
-            # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
-            # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
-            role = partition.resumed_worker(worker, resume, num_workers)
-            first = partition.delivered_by_worker(resume, num_workers)[role]
-            at = PassPosition(epoch, legs, first, role, num_workers)
-        self._progress = at
-        return at
-
-    def share_state(self, other: ShardDataset) -> None:
-        """Read and count in ``other``'s shared state: epoch cursor, counters, buffers (a mix's part)."""
-        self._control = other._control
-
-    def made(self, at: PassPosition) -> None:
-        """Record where this process's pass is (``at.first``: the batches it made), for :meth:`state_dict`."""
-        self._progress = at
-
-    def count(self, worker: int, what: int, n: int = 1) -> None:
-        """Add ``n`` to shared counter ``what`` (:data:`.state.cursor.CORRUPT`...) of process ``worker``."""
-        self._control.count(worker, what, n)
-
-    @property
-    def order(self) -> Order:
-        """What fixes a worker's sample order but its plan and place (:func:`.epoch.order.worker_order`)."""
-        return self._layout.order
+        return raw_samples(self.reading, at, self.counters(at.worker))
 
     def plan(self, at: PassPosition) -> partition.WorkerPlan:
         """What the worker of ``at`` reads in its pass: segments of shards and the size of each batch."""
-        where: dict[str, Any] = dict(
-            rank=self.rank, world_size=self.world_size, worker=at.worker, num_workers=at.num_workers
-        )
-        if self.mode == "train":
-            return elastic.plan(self._layout, epoch=at.epoch, stages=at.legs, **where)
-        return partition.worker_plan(
-            self._shard_samples, seed=self.seed, epoch=at.epoch, shuffle=self.shuffle, **where, **self._kw()
-        )
+        return self.reading.plan(at)
 
     def __repr__(self) -> str:
         return (

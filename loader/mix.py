@@ -26,25 +26,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset
 
 from imgshards.converter.manifest import read_manifest
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
-from .batch import Batch, BufferPool
-from .dataset import ShardDataset
+from .dataset import PassDataset, ShardDataset
+from .epoch import elastic
+from .epoch.position import PassPosition
 from .epoch.seeds import mix_rng
 from .errors import ConfigError
-from .offload import RawBatch
-from .pipeline import passes
-from .pipeline.stagetimes import NoClock, StageClock
+from .pipeline.batches import LABEL, Batches
+from .pipeline.passes import raw_pass
+from .pipeline.steps import NoClock, StepClock
 from .remote import ShardSource
-from .stages import LABEL
-from .state.checkpoint import Leg, PassPosition
+from .state.cursor import Counters
 
 __all__ = ["MixedDataset", "split_batch"]
 
@@ -73,7 +73,7 @@ def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
     return [int(c) for c in counts]
 
 
-class MixedDataset(ShardDataset):
+class MixedDataset(PassDataset):
     """Batches mixing several packed datasets (same split name) in proportion to ``weights``.
 
     Args:
@@ -104,7 +104,7 @@ class MixedDataset(ShardDataset):
         seed: int = 0,
         **options: Any,
     ) -> None:
-        IterableDataset.__init__(self)
+        super().__init__(options.get("rank"), options.get("world_size"))
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
             raise ConfigError("a MixedDataset takes two sources or more; for one, use ShardDataset")
         if options.get("mode", "train") != "train":
@@ -119,32 +119,24 @@ class MixedDataset(ShardDataset):
         if len(self.weights) != len(sources):
             raise ConfigError(f"{len(self.weights)} weights for {len(sources)} sources")
         self.shares = split_batch(batch_size, self.weights)
+        # Each part reads its source with its own batch size and seed, on the mix's epoch: it runs the
+        # raw half of the mix's pass. The mix runs the rest, once, on the zipped batches.
         self.parts = [
             ShardDataset(s, split=split, batch_size=b, seed=seed + i, **options)
             for i, (s, b) in enumerate(zip(sources, self.shares, strict=True))
         ]
-        first = self.parts[0]
-        # The settings of the mix's own pass (zip, decode, augment, collate), the same in every part.
-        self.split, self.batch_size, self.seed = split, batch_size, seed
-        self.mode, self.drop_last, self._asked = "train", True, first._asked  # rank settled per pass
-        self.shuffle, self.shuffle_buffer, self.shuffle_initial = (
-            first.shuffle,
-            first.shuffle_buffer,
-            first.shuffle_initial,
-        )
-        self.transform, self.on_error, self.decode_on = first.transform, first.on_error, first.decode_on
-        self.max_lost = first.max_lost
-        self.raw_stages, self.image_stages = (), first.image_stages  # the raw stages run in each part
-        self.source = first.source
+        self.split, self.batch_size, self.seed, self.mode = split, batch_size, seed, "train"
+        self.max_lost = float(options.get("max_lost", self.parts[0].max_lost))
+        self.decode_on = self.parts[0].decode_on
+        # The parts were given the same options: their images' settings are the mix's, with its seed.
+        self.images = replace(self.parts[0].images, seed=seed)
+        self.num_samples = sum(p.num_samples for p in self.parts)
         self.shards_digest = "+".join(p.shards_digest for p in self.parts)
-        self._start_state()
-        for part in self.parts:
-            part.share_state(self)  # one epoch, one position, one set of counters
-        same = all(p.manifest.classes == first.manifest.classes for p in self.parts)
+        same = all(p.manifest.classes == self.parts[0].manifest.classes for p in self.parts)
         self._offsets = [0] * len(self.parts)
         if not same:
             self._offsets = list(np.cumsum([0] + [len(p.manifest.classes) for p in self.parts[:-1]]))
-        self._classes = first.classes if same else [c for p in self.parts for c in p.classes]
+        self._classes = self.parts[0].classes if same else [c for p in self.parts for c in p.classes]
 
     @property
     def classes(self) -> list[str]:
@@ -157,21 +149,33 @@ class MixedDataset(ShardDataset):
         return {name: i for i, name in enumerate(self._classes)}
 
     @property
-    def num_samples(self) -> int:
-        """Samples of all the sources together."""
-        return sum(p.num_samples for p in self.parts)
-
-    @property
     def dropped_per_epoch(self) -> int:
         """Samples of the sources no rank sees in one epoch (past the shortest source's epoch)."""
         return self.num_samples - len(self) * self.world_size * self.batch_size
 
-    def __len__(self) -> int:
-        """Batches this rank yields in the current epoch: the shortest source's."""
-        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
+    # What fixes the order of a part's epoch, the same in every part (given the same options); a
+    # resume state records it (.state.checkpoint.settings).
+    @property
+    def shuffle(self) -> bool:
+        return self.parts[0].layout.shuffle
+
+    @property
+    def shuffle_buffer(self) -> int:
+        return self.parts[0].layout.shuffle_buffer
+
+    @property
+    def shuffle_initial(self) -> int:
+        return self.parts[0].layout.shuffle_initial
+
+    @property
+    def drop_last(self) -> bool:
+        return True
 
     def _roots(self) -> list[Path | str]:
         return [p.root for p in self.parts]
+
+    def _sources(self) -> list[ShardSource]:
+        return [p.source for p in self.parts]
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver: its batches, all whole (train mode)."""
@@ -184,12 +188,16 @@ class MixedDataset(ShardDataset):
             ConfigError: a source has fewer samples a rank than its share of a batch (no batch at all).
 
         """
-        batches = [p.leg_batches() for p in self.parts]
-        if not self.cursor.legs and not min(batches):
+        world_size = self._pass_ranks()[1]
+        legs = self.cursor.legs
+        batches = [
+            elastic.rank_batches(p.layout, epoch=self.epoch, legs=legs, world_size=world_size) for p in self.parts
+        ]
+        if not legs and not min(batches):
             empty = batches.index(0)
             part = self.parts[empty]
             raise ConfigError(
-                f"source {empty} ({part.root}) has {part.num_samples // part.world_size} sample(s) a rank, "
+                f"source {empty} ({part.root}) has {part.num_samples // world_size} sample(s) a rank, "
                 f"fewer than its {part.batch_size} a batch: an epoch would be empty; lower its weight or "
                 "the batch size"
             )
@@ -198,23 +206,9 @@ class MixedDataset(ShardDataset):
     def _mix_settings(self) -> dict[str, Any]:
         return {"weights": list(self.weights), "shares": list(self.shares)}
 
-    def _batches(
-        self,
-        epoch: int,
-        legs: tuple[Leg, ...],
-        first: int,
-        worker: int,
-        num_workers: int,
-        *,
-        pool: BufferPool | None,
-    ) -> Iterator[Batch | RawBatch]:
-        at = PassPosition(epoch, legs, first, worker, num_workers)
-        return passes.worker_pass(self, at, pool=pool, raw=lambda clock: self._zipped(at, clock))
-
-    def _zipped(self, at: PassPosition, clock: StageClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
+    def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
         """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
-        streams = [passes.raw_batches(p, at, clock=clock) for p in self.parts]
-        rank = self.rank
+        streams = [raw_pass(p.reading, at, counters, clock=clock) for p in self.parts]
         for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
             k = batches[0][0]
             samples = [
@@ -222,12 +216,10 @@ class MixedDataset(ShardDataset):
                 for (_, part), offset in zip(batches, self._offsets, strict=True)
                 for s in part
             ]
-            rng = mix_rng(self.seed, at.epoch, rank, at.worker, k)
+            rng = mix_rng(self.seed, at.epoch, at.rank, at.worker, k)
             yield k, [samples[i] for i in rng.permutation(len(samples))]
         for stream in streams:
             stream.close()  # type: ignore[attr-defined]
-        for part in self.parts:
-            part.source.settle()
 
     def __repr__(self) -> str:
         roots = ", ".join(repr(str(p.root)) for p in self.parts)

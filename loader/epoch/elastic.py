@@ -2,7 +2,7 @@
 
 An epoch may run in *legs*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
 after every rank delivered ``k1`` batches, the next at ``W2`` / ``N2`` over what is left, and so on.
-A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`..state.checkpoint.Leg`;
+A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`.position.Leg`;
 "stages" in a saved state, and in the arguments below); the finished legs of an epoch and the seed
 fix everything else:
 
@@ -43,7 +43,7 @@ __all__ = [
     "stream_positions",
 ]
 
-from ..state.checkpoint import Leg
+from .position import Leg
 
 
 @dataclass(frozen=True)

@@ -1,220 +1,206 @@
-"""One pass of a :class:`~imgshards.loader.ShardDataset` in one process, built in one function.
+"""One worker's pass over plain values: settings in, batches out.
 
-:func:`worker_pass` lists every stage of a worker's pass in order, as webdataset's
-``WebDataset.__init__`` does, each with what flows out of it. Where a pass stands is a
-:class:`~.state.PassPosition`. The dataset holds the configuration and the shared state (the epoch cursor,
-the counters); the pass reads them through the dataset's public methods (``plan``, ``count``,
-``made``), never its private fields.
+:func:`worker_pass` is the whole path of a sample through a DataLoader worker, in order::
+
+    plan -> read -> order -> cut -> raw stages -> decode + transform -> image stages -> collate
+                                               \\-> offload (decode_on: the training process decodes)
+
+It takes frozen settings (:class:`ReadSettings`: what to read, in which order, in which batches;
+:class:`ImageSettings`: how to decode, augment and stack), the pass's :class:`PassPosition` and a
+handle on its counters, and returns the batches. Nothing here holds or calls back into a dataset:
+:class:`~imgshards.loader.ShardDataset` builds the settings once, and each pass starts from them.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import webdataset as wds
+from imgshards.converter.manifest import SplitInfo
 
-from .. import stages as st
-from ..batch import BatchRows, BufferPool
-from ..epoch import partition
+from ..device.offload import RawBatch
+from ..epoch import elastic, partition
 from ..epoch.order import worker_order
-from ..epoch.seeds import augment_seed, stages_seed
+from ..epoch.position import PassPosition
+from ..epoch.seeds import augment_seed, filter_seed
 from ..errors import CorruptImageError, ShardReadError
-from ..reader import RawSample
-from ..state.checkpoint import PassPosition
-from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
-from .read import read_elsewhere, read_runs
-from .stagetimes import NO_CLOCK, READ, NoClock, StageClock
+from ..image.presets import Transform
+from ..remote import ShardSource
+from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters
+from .batch import Batch, BatchRows, BufferPool, SentBatch
+from .batches import Batches, Stage, collate_batches, decode_batches, each, offload_batches
+from .read import batched, read_elsewhere, read_runs
+from .reader import RawSample
+from .steps import NO_CLOCK, READ, NoClock, StepClock
 
-if TYPE_CHECKING:
-    from ..dataset import ShardDataset
-
-__all__ = ["PIPELINE", "on_corrupt", "picture", "raw_batches", "raw_samples", "worker_pass"]
-
-RawBatches = Iterator[tuple[int, list[Any]]]
+__all__ = ["ImageSettings", "ReadSettings", "raw_pass", "raw_samples", "worker_pass"]
 
 
-# The stages of worker_pass, in its order, with what flows out of each: each is marked `# [name]`
-# there (tests/loader/test_passes.py holds the two to each other, and the docs' picture to this).
-PIPELINE: tuple[tuple[str, str], ...] = (
-    ("plan", "WorkerPlan: this worker's segments (shard, start, stop) and the size of each batch"),
-    ("read", "RawSample {__key__, __url__, jpg: bytes (or a view of a mapped shard), cls: bytes, __label__}"),
-    ("order", "RawSample, in the worker's order: runs interleaved, then a shuffle buffer"),
-    ("cut", "(k, [RawSample]): batch k of the plan; earlier ones read, not decoded"),
-    ("raw_stages", "(k, [sample dict]): the user's raw stages; drops made up in train"),
-    ("progress", "(k, [sample dict]): the same; the position recorded for state_dict()"),
-    ("offload", "decode_on only: RawBatch (image bytes, labels) for the training process"),
-    ("decode", "(k, [sample dict + image uint8 [3, H, W]]): decoded, transformed, seeded per batch"),
-    ("image_stages", "(k, [sample dict]): the user's image stages"),
-    ("collate", "Batch(images uint8 [B, 3, h, w], labels int64 [B]), in shared memory"),
-)
+@dataclass(frozen=True)
+class ReadSettings:
+    """What a pass reads, in which order, cut into which batches: the raw half of a pass."""
+
+    split: SplitInfo
+    source: ShardSource
+    classes: tuple[str, ...]
+    layout: elastic.Layout  # the shards' sizes, seed, batch size, shuffle and buffer
+    train: bool
+    on_error: str
+    raw_stages: tuple[Stage, ...] = ()
+    views: bool = True  # images as views of a mapped shard: no user stage sees (and keeps) them
+    where: str = ""  # the split and its root, for messages
+
+    def plan(self, at: PassPosition) -> partition.WorkerPlan:
+        """What the worker of ``at`` reads in its pass: segments of shards and the size of each batch."""
+        layout = self.layout
+        where: dict[str, Any] = dict(
+            rank=at.rank, world_size=at.world_size, worker=at.worker, num_workers=at.num_workers
+        )
+        if self.train:
+            return elastic.plan(layout, epoch=at.epoch, legs=at.legs, **where)
+        return partition.worker_plan(
+            layout.shard_samples,
+            seed=layout.seed,
+            epoch=at.epoch,
+            shuffle=layout.shuffle,
+            batch_size=layout.batch_size,
+            train=False,
+            drop_last=False,
+            **where,
+        )
 
 
-def picture() -> str:
-    """The pass as text, one stage a line with what flows out of it (generated from :data:`PIPELINE`)."""
-    width = max(len(name) for name, _ in PIPELINE)
-    return "\n".join(f"{name:>{width}}  -> {out}" for name, out in PIPELINE)
+@dataclass(frozen=True)
+class ImageSettings:
+    """How a pass makes batches of its raw samples: the decoding half of a pass."""
+
+    transform: Transform
+    seed: int
+    on_error: str
+    image_stages: tuple[Stage, ...] = ()
+    offload: bool = False  # decode_on: the workers send raw bytes, the training process decodes
 
 
 def worker_pass(
-    ds: ShardDataset,
+    s: ImageSettings,
+    raw: Batches,
     at: PassPosition,
+    counters: Counters,
     *,
     pool: BufferPool | None,
-    raw: Callable[[StageClock | NoClock], RawBatches] | None = None,
-    raw_only: bool = False,
-    clock: StageClock | NoClock | None = None,
-) -> Iterator[Any]:
-    """The batches one process makes in a pass of ``ds`` from ``at``: the whole path of a sample.
+    clock: StepClock | NoClock = NO_CLOCK,
+) -> Iterator[Batch | SentBatch | RawBatch]:
+    """The batches one process makes of ``raw`` (:func:`raw_pass`, or a mix's zip of several).
 
-    ``raw_only``: stop after the user's raw stages, at ``(k, raw samples)`` (a mix's sources).
-    ``raw``: make the raw batches that way instead, given the clock (a mix zips its sources').
-    With ``decode_on`` the workers stop at raw batches: the training process decodes (:mod:`.device`).
-    ``clock`` times the stages (default: the profiler's, if one is attached to ``ds``).
+    With ``offload`` the workers stop at raw batches: the training process decodes (:mod:`..device`).
     """
-    if clock is None:
-        clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
-    train, worker, rank = ds.mode == "train", at.worker, ds.rank  # the rank this pass settled
-    dropped = _counter(ds, worker, FILTERED)
-    if raw is None:
-        # [plan] -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
-        plan = ds.plan(at)
-        head: list[Any] = [
-            # [read] -> RawSample {__key__, __url__, jpg: bytes or a view, cls: bytes, __label__}: one run of
-            #           samples a segment, read from the tar (reader.read_run, read.read_runs)
-            # [order] -> RawSample, in the worker's order: runs interleaved, buffer-shuffled
-            #            (epoch.order.worker_order, which the elastic replay calls too)
-            lambda: clock.timed_iter(READ, _read(ds, plan, at)),
-            # [cut] -> (k, [RawSample]): batch k of the plan; batches before at.first read, not
-            #          decoded; in train what a damaged shard lost is made up from recent samples
-            st.batches(plan.sizes, first=at.first, make_up=_make_up(ds, plan, at) if train else None),
-            # [raw_stages] -> (k, [sample dict]): the user's raw stages, a random filter seeded per
-            #                 batch; in train what they drop is made up, so ranks keep len() batches
-            st.each(
-                ds.raw_stages,
-                make_up=train,
-                on_dropped=dropped,
-                seed_of=lambda k: stages_seed(ds.seed, at.epoch, rank, worker, k),
-            )
-            if ds.raw_stages
-            else None,
-        ]
-    else:
-        head = [lambda: raw(clock)]  # a mix: batch k of every source, zipped (mix.py)
-    if raw_only:
-        return iter(wds.DataPipeline(*head))
-
-    def progress(data: RawBatches) -> RawBatches:
-        for k, samples in data:
-            ds.made(at.at(k + 1))
-            yield k, samples
-
-    # [progress] -> (k, [sample dict]): the same; this process has made batch k (state_dict())
-    tail: list[Any] = [progress]
-    if ds.decode_on is not None:
-        # [offload] -> RawBatch: the batch's image bytes and labels, for the training process
-        tail += [st.raw_batches(epoch=at.epoch, worker=worker, shared=pool is not None, clock=clock)]
-    else:
-        tail += [
-            # [decode] -> (k, [sample dict + image uint8 [3, H, W]]): decoded and transformed,
-            #             torch's generator seeded per batch; corrupt images counted and dropped;
-            #             with no image stage, each image is written into its batch's buffer at once
-            st.decode_batches(
-                ds.transform,
-                seed_of=lambda k: augment_seed(ds.seed, at.epoch, rank, worker, k),
-                restore=pool is None,
-                on_corrupt=on_corrupt(ds, worker),
-                clock=clock,
-                rows=None if ds.image_stages else lambda n: BatchRows(n, pool=pool),
-            ),
-            # [image_stages] -> (k, [sample dict]): the user's image stages (drops counted)
-            st.each(ds.image_stages, make_up=False, on_dropped=dropped) if ds.image_stages else None,
-            # [collate] -> Batch(images uint8 [B, 3, h, w], labels int64 [B]), in shared memory
-            #              (the rows the decode stage wrote, as they stand, when it wrote them)
-            st.collate_batches(pool=pool, clock=clock),
-        ]
-    return iter(wds.DataPipeline(*head, *tail, _settled(ds)))
+    if s.offload:
+        # offload -> RawBatch: the batch's image bytes and labels, for the training process
+        return offload_batches(raw, epoch=at.epoch, worker=at.worker, shared=pool is not None, clock=clock)
+    on_corrupt = _on_corrupt(s.on_error, counters)
+    # decode -> (k, [sample + image uint8 [3, H, W]]): decoded and transformed, torch's generator seeded
+    #           per batch; with no image stage each image goes into its batch's buffer at once
+    batches = decode_batches(
+        raw,
+        s.transform,
+        seed_of=lambda k: augment_seed(s.seed, at.epoch, at.rank, at.worker, k),
+        restore=pool is None,
+        on_corrupt=on_corrupt,
+        clock=clock,
+        rows=None if s.image_stages else lambda n: BatchRows(n, pool=pool),
+    )
+    if s.image_stages:
+        # image stages -> (k, [sample]): the user's stages on decoded images (drops counted)
+        batches = each(batches, s.image_stages, keep_size=False, on_dropped=counters.adder(FILTERED))
+    # collate -> Batch(images uint8 [B, 3, h, w], labels int64 [B]), in shared memory
+    return collate_batches(batches, pool=pool, clock=clock)
 
 
-def raw_batches(ds: ShardDataset, at: PassPosition, *, clock: StageClock | NoClock = NO_CLOCK) -> RawBatches:
-    """``(k, raw samples)`` of a pass from batch ``at.first`` on: :func:`worker_pass` to its raw stages."""
-    return worker_pass(ds, at, pool=None, raw_only=True, clock=clock)
+def raw_pass(
+    s: ReadSettings, at: PassPosition, counters: Counters, *, clock: StepClock | NoClock = NO_CLOCK
+) -> Batches:
+    """``(k, raw samples)``: batch ``k`` of the plan of ``at``, from batch ``at.first`` on.
 
-
-def _settled(ds: ShardDataset) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    def settled(data: Iterator[Any]) -> Iterator[Any]:
-        yield from data
-        # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
-        ds.source.settle()
-
-    return settled
-
-
-def _make_up(
-    ds: ShardDataset, plan: partition.WorkerPlan, at: PassPosition
-) -> Callable[[], Iterator[RawSample]]:
-    def make_up() -> Iterator[RawSample]:  # a worker that lost every sample: other shards' samples
-        shards = len(ds.split_info.shards)
-        order = partition.shard_order(shards, seed=ds.seed, epoch=at.epoch, shuffle=ds.shuffle)
-        after = plan.segments[0].shard if plan.segments else None
-        where = f"split {ds.split!r} at {ds.root} (rank {ds.rank})"
-        return read_elsewhere(
-            order, after, ds.split_info, ds.source, limit=max(plan.sizes), classes=ds.classes, what=where
+    In train mode what a damaged shard lost, and what the raw stages dropped, is made up, so every
+    rank keeps ``len()`` batches.
+    """
+    # plan -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
+    plan = s.plan(at)
+    # read, order -> RawSample, one run a segment (reader.read_run), interleaved and buffer-shuffled
+    samples = clock.timed_iter(READ, _read(s, plan, at, counters))
+    # cut -> (k, [RawSample]): batches before at.first read, not decoded; in train what a damaged
+    #        shard lost is made up from recent samples
+    batches = batched(samples, sizes=plan.sizes, first=at.first, make_up=_elsewhere(s, plan, at) if s.train else None)
+    if s.raw_stages:
+        # raw stages -> (k, [sample]): the user's stages, a random filter seeded per batch
+        batches = each(
+            batches,
+            s.raw_stages,
+            keep_size=s.train,
+            on_dropped=counters.adder(FILTERED),
+            seed_of=lambda k: filter_seed(s.layout.seed, at.epoch, at.rank, at.worker, k),
         )
+    return batches
+
+
+def raw_samples(s: ReadSettings, at: PassPosition, counters: Counters) -> Iterator[RawSample]:
+    """The raw samples of a pass from ``at``, with every member (:func:`imgshards.loader.stages.samples`)."""
+    plan = s.plan(at)
+    skip = sum(plan.sizes[: at.first])  # delivered before a resume
+    return islice(_read(s, plan, at, counters, keep_all=True), skip, None)
+
+
+def _elsewhere(s: ReadSettings, plan: partition.WorkerPlan, at: PassPosition) -> Callable[[], Iterator[RawSample]]:
+    def make_up() -> Iterator[RawSample]:  # a worker that lost every sample: other shards' samples
+        shards = len(s.split.shards)
+        order = partition.shard_order(shards, seed=s.layout.seed, epoch=at.epoch, shuffle=s.layout.shuffle)
+        after = plan.segments[0].shard if plan.segments else None
+        what = f"{s.where} (rank {at.rank})"
+        return read_elsewhere(order, after, s.split, s.source, limit=max(plan.sizes), classes=s.classes, what=what)
 
     return make_up
 
 
-def raw_samples(ds: ShardDataset, at: PassPosition) -> Iterator[RawSample]:
-    """The raw samples of a pass from ``at``, with every member (:func:`.stages.samples`)."""
-    plan = ds.plan(at)
-    skip = sum(plan.sizes[: at.first])  # delivered before a resume
-    return islice(_read(ds, plan, at, keep_all=True), skip, None)
-
-
 def _read(
-    ds: ShardDataset, plan: partition.WorkerPlan, at: PassPosition, *, keep_all: bool = False
+    s: ReadSettings, plan: partition.WorkerPlan, at: PassPosition, counters: Counters, *, keep_all: bool = False
 ) -> Iterator[RawSample]:
     """The plan's samples, read (one run a segment) and put in the worker's order."""
-    worker = at.worker
 
     def on_truncated(message: str) -> None:
-        ds.count(worker, TRUNCATED)
+        counters.add(TRUNCATED)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def on_unreadable(e: ShardReadError) -> None:
-        ds.count(worker, UNREADABLE)
+        counters.add(UNREADABLE)
         warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
+    keep_all = keep_all or bool(s.raw_stages)  # the user's stages may want any member
     runs = read_runs(
         plan.segments,
-        ds.split_info,
-        ds.source,
+        s.split,
+        s.source,
         on_truncated=on_truncated,
-        on_unreadable=None if ds.on_error == "raise" else on_unreadable,
-        classes=ds.manifest.classes,
-        on_corrupt=on_corrupt(ds, worker),  # a label outside the classes, no image...
-        on_lost=_counter(ds, worker, LOST),
-        keep_all=keep_all or bool(ds.raw_stages),  # the user's stages may want any member
-        views=not (keep_all or ds.raw_stages or ds.image_stages),  # images as views: no stage keeps them
+        on_unreadable=None if s.on_error == "raise" else on_unreadable,
+        classes=s.classes,
+        on_corrupt=_on_corrupt(s.on_error, counters),  # a label outside the classes, no image...
+        on_lost=counters.adder(LOST),
+        keep_all=keep_all,
+        views=s.views and not keep_all,
     )
     sizes = [len(seg) for seg in plan.segments]
-    return worker_order(runs, sizes, ds.order, epoch=at.epoch, rank=ds.rank, worker=worker, leg=at.leg)
+    return worker_order(runs, sizes, s.layout.order, epoch=at.epoch, rank=at.rank, worker=at.worker, leg=at.leg)
 
 
-def _counter(ds: ShardDataset, worker: int, what: int) -> Callable[[int], None]:
-    return lambda n: ds.count(worker, what, n)
-
-
-def on_corrupt(ds: ShardDataset, worker: int) -> Callable[[CorruptImageError], None] | None:
+def _on_corrupt(on_error: str, counters: Counters) -> Callable[[CorruptImageError], None] | None:
     """Skip, count and warn about a sample that is not usable; ``None`` (raise) with on_error="raise"."""
-    if ds.on_error == "raise":
+    if on_error == "raise":
         return None
 
     def skip(e: CorruptImageError) -> None:
-        ds.count(worker, CORRUPT)
+        counters.add(CORRUPT)
         warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
 
     return skip

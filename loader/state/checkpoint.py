@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from imgshards.converter.manifest import ShardInfo
 
+from ..epoch.position import PassPosition
 from ..errors import ConfigError, ResumeError
 from .cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
 from .ranks import settle_ranks
@@ -25,47 +25,14 @@ from .ranks import settle_ranks
 __all__ = [
     "STATE_VERSION",
     "EpochState",
-    "Leg",
-    "PassPosition",
     "check_settings",
     "settings",
     "shards_digest",
 ]
 
-Leg = tuple[int, int, int]  # (world_size, num_workers, batches each rank delivered): see .elastic
-
 STATE_VERSION = 3
 _READABLE_VERSIONS = (1, 2, 3)
 _RECORDED_SINCE_3 = ("split", "shards")
-
-
-@dataclass(frozen=True)
-class PassPosition:
-    """Where one process's pass stands: what it reads and from which of its batches on.
-
-    Attributes:
-        epoch: The epoch read.
-        legs: The epoch's finished legs (elastic resume: ``(world_size, num_workers, batches)``).
-        first: The first batch of this worker's plan that the pass makes (later: batches made).
-        worker: The worker this process plays (after a resume, the one whose turn comes next).
-        num_workers: The DataLoader workers of the leg (1 without workers).
-
-    """
-
-    epoch: int = 0
-    legs: tuple[Leg, ...] = ()
-    first: int = 0
-    worker: int = 0
-    num_workers: int = 1
-
-    @property
-    def leg(self) -> int:
-        """The number of the leg read: how many finished before it."""
-        return len(self.legs)
-
-    def at(self, batch: int) -> PassPosition:
-        """The same pass, after the worker made its batches before ``batch``."""
-        return PassPosition(self.epoch, self.legs, batch, self.worker, self.num_workers)
 
 
 def settings(dataset: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -28,6 +29,7 @@ from ..errors import ResumeError
 
 __all__ = [
     "CORRUPT",
+    "Counters",
     "FILTERED",
     "LOST",
     "MAX_STAGES",
@@ -149,6 +151,21 @@ class EpochCursor:
         return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
 
 
+class Counters:
+    """The counters of one worker process, a handle a pass counts in (:data:`CORRUPT`, ...)."""
+
+    def __init__(self, control: SharedControl, worker: int) -> None:
+        self._control, self._worker = control, worker
+
+    def add(self, what: int, n: int = 1) -> None:
+        """Add ``n`` to counter ``what`` of this worker."""
+        self._control.count(self._worker, what, n)
+
+    def adder(self, what: int) -> Callable[[int], None]:
+        """A function adding its argument to counter ``what``."""
+        return lambda n: self._control.count(self._worker, what, n)
+
+
 class SharedControl:
     """The epoch cursor, the skip counters and the batch-buffer flags of one dataset, in shared memory."""
 
@@ -159,6 +176,10 @@ class SharedControl:
         self.name = f"{os.getpid()}-{next(_CONTROLS)}"
         # A dataset dropped in the main process unmaps the buffers it kept for its workers.
         weakref.finalize(self, forget_buffers, self.name)
+
+    def counters(self, worker: int) -> Counters:
+        """The counters of worker process ``worker``, for its pass to count in."""
+        return Counters(self, worker)
 
     def count(self, worker: int, what: int, n: int = 1) -> None:
         """Add ``n`` to counter ``what`` (:data:`CORRUPT`, ...) of worker process ``worker``."""

@@ -22,7 +22,7 @@ from imgshards.loader import ShardDataset, make_loader
 from imgshards.loader.pipeline import read as read_stage
 from imgshards.loader.pipeline.read import MappedShard, read_runs
 from imgshards.loader.remote import ShardSource
-from imgshards.loader.state.checkpoint import PassPosition
+from imgshards.loader.epoch.position import PassPosition
 
 
 @pytest.fixture

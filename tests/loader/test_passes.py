@@ -1,9 +1,7 @@
-"""The pass is built in one function, and the order it reads is the order the elastic replay computes."""
+"""The order a pass reads is the order the elastic replay computes."""
 
 from __future__ import annotations
 
-import inspect
-import re
 import tarfile
 from pathlib import Path
 
@@ -12,22 +10,7 @@ from hypothesis import strategies as st
 
 from imgshards.converter import read_manifest
 from imgshards.loader import ShardDataset, elastic, passes
-from imgshards.loader.state.checkpoint import PassPosition
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_worker_pass_lists_every_stage_of_the_pipeline_in_order():
-    source = inspect.getsource(passes.worker_pass)
-    marked = re.findall(r"# \[(\w+)\] -> ", source)
-    assert marked == [name for name, _ in passes.PIPELINE]
-
-
-def test_the_docs_picture_is_the_generated_one():
-    page = (ROOT / "docs" / "loader-pass.md").read_text()
-    blocks = re.findall(r"```text\n(.*?)```", page, flags=re.S)
-    assert passes.picture() + "\n" in blocks, "regenerate the picture: python -c 'from imgshards.loader "
-    "import passes; print(passes.picture())'"
+from imgshards.loader.epoch.position import PassPosition
 
 
 _KEYS: dict[Path, dict[str, tuple[int, int]]] = {}
@@ -72,10 +55,10 @@ def test_the_elastic_replay_yields_the_positions_the_read_yields(
         w0, n0 = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
         batches = elastic.rank_batches(layout, epoch=epoch, stages=(), world_size=w0)
         legs = ((w0, n0, data.draw(st.integers(1, max(1, batches - 1)))),)
-    at = PassPosition(epoch, legs, 0, worker, workers)
+    at = PassPosition(epoch, legs, 0, worker, workers, rank, world)
     where = _where(packed_many)
     base = elastic.shard_bases(layout, epoch)
-    read = [int(base[where[s.key][0]]) + where[s.key][1] for s in passes.raw_samples(ds, at)]
+    read = [int(base[where[s.key][0]]) + where[s.key][1] for s in passes.raw_samples(ds.reading, at, ds.counters(worker))]
     plan = ds.plan(at)
     replay = elastic.stream_positions(layout, epoch, plan, base, rank=rank, worker=worker, leg=len(legs))
     assert read == list(replay)
