@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader
 
 from imgshards.converter.errors import ImgshardsError
 
-from .batch import Batch, pool_token
 from .dataset import ShardDataset
-from .device import DeviceDecoder
+from .device.decoder import DeviceDecoder
 from .errors import ConfigError, LoaderTimeoutError, ResumeError, WorkerError
+from .pipeline.batch import Batch, pool_token
 from .remote.cache import end_with
 from .state.checkpoint import STATE_VERSION, check_settings, settings
 from .workers import default_context, worker_died

@@ -22,17 +22,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from .batch import Batch, BufferPool
-from .checks import check_choice
+from .device.offload import DecodeOn, RawBatch
 from .epoch import elastic, partition
 from .epoch.order import Order
-from .errors import ConfigError, ShardReadError
-from .offload import DecodeOn, RawBatch
+from .errors import ConfigError, ShardReadError, check_choice
+from .image.presets import PRESETS, Transform, preset
 from .pipeline import passes
-from .pipeline.stagetimes import StageTimes
-from .presets import PRESETS, Transform, preset
+from .pipeline.batch import Batch, BufferPool
+from .pipeline.steps import StepTimes
 from .remote import ShardSource
-from .remote.stream import DEFAULT_TIMEOUT
+from .remote.ranges import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
 from .state.checkpoint import EpochState, Leg, PassPosition, shards_digest
 from .state.cursor import SharedControl
@@ -253,7 +252,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self._pending: PassPosition | None = None
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
         # then each worker times its stages and counts its batches in it.
-        self.stage_times: StageTimes | None = None
+        self.step_times: StepTimes | None = None
 
     # ---- what an epoch holds ------------------------------------------------------------------
 

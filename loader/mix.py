@@ -35,13 +35,13 @@ from torch.utils.data import IterableDataset
 from imgshards.converter.manifest import read_manifest
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
-from .batch import Batch, BufferPool
 from .dataset import ShardDataset
+from .device.offload import RawBatch
 from .epoch.seeds import mix_rng
 from .errors import ConfigError
-from .offload import RawBatch
 from .pipeline import passes
-from .pipeline.stagetimes import NoClock, StageClock
+from .pipeline.batch import Batch, BufferPool
+from .pipeline.steps import NoClock, StepClock
 from .remote import ShardSource
 from .stages import LABEL
 from .state.checkpoint import Leg, PassPosition
@@ -211,7 +211,7 @@ class MixedDataset(ShardDataset):
         at = PassPosition(epoch, legs, first, worker, num_workers)
         return passes.worker_pass(self, at, pool=pool, raw=lambda clock: self._zipped(at, clock))
 
-    def _zipped(self, at: PassPosition, clock: StageClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
+    def _zipped(self, at: PassPosition, clock: StepClock | NoClock) -> Iterator[tuple[int, list[Any]]]:
         """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
         streams = [passes.raw_batches(p, at, clock=clock) for p in self.parts]
         rank = self.rank

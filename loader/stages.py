@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 from webdataset.filters import pipelinefilter
 
-from .batch import Batch, BatchRows, BufferPool, SentBatch, collate
-from .decode import decode as decode_image
+from .device.offload import RawBatch, raw_batch
 from .errors import ConfigError, CorruptImageError, ImageShapeError
-from .offload import RawBatch, raw_batch
+from .image.decode import decode as decode_image
+from .image.presets import Transform
+from .image.scaled import ScaledDecoder, scaled_decoder
+from .pipeline.batch import Batch, BatchRows, BufferPool, SentBatch, collate
 from .pipeline.read import batched, seeded
-from .pipeline.stagetimes import AUGMENT, COLLATE, DECODE, NO_CLOCK, NoClock, StageClock
-from .presets import Transform
-from .reader import RawSample, image_member, sample_shard
-from .scaled import ScaledDecoder, scaled_decoder
+from .pipeline.reader import RawSample, image_member, sample_shard
+from .pipeline.steps import AUGMENT, COLLATE, DECODE, NO_CLOCK, NoClock, StepClock
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
@@ -301,7 +301,7 @@ def _decode_batches(
     seed_of: Callable[[int], int],
     restore: bool,
     on_corrupt: Callable[[CorruptImageError], None] | None,
-    clock: StageClock | NoClock = NO_CLOCK,
+    clock: StepClock | NoClock = NO_CLOCK,
     rows: Callable[[int], BatchRows] | None = None,
 ) -> Iterator[tuple[int, list[Sample]]]:
     """See :data:`decode_batches`."""
@@ -358,7 +358,7 @@ def _raw_batches(
     epoch: int,
     worker: int,
     shared: bool,
-    clock: StageClock | NoClock = NO_CLOCK,
+    clock: StepClock | NoClock = NO_CLOCK,
 ) -> Iterator[RawBatch]:
     for k, samples in data:
         batch = clock.timed(COLLATE, raw_batch)(samples, epoch=epoch, worker=worker, index=k, shared=shared)
@@ -376,7 +376,7 @@ def _collate_batches(
     data: Iterable[tuple[int, list[Sample]]],
     *,
     pool: BufferPool | None = None,
-    clock: StageClock | NoClock = NO_CLOCK,
+    clock: StepClock | NoClock = NO_CLOCK,
 ) -> Iterator[Batch | SentBatch]:
     for _, samples in data:
         images = [s[IMAGE] for s in samples]

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 import webdataset as wds
 
 from .. import stages as st
-from ..batch import BatchRows, BufferPool
 from ..epoch import partition
 from ..epoch.order import worker_order
-from ..epoch.seeds import augment_seed, stages_seed
+from ..epoch.seeds import augment_seed, user_seed
 from ..errors import CorruptImageError, ShardReadError
-from ..reader import RawSample
 from ..state.checkpoint import PassPosition
 from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
+from .batch import BatchRows, BufferPool
 from .read import read_elsewhere, read_runs
-from .stagetimes import NO_CLOCK, READ, NoClock, StageClock
+from .reader import RawSample
+from .steps import NO_CLOCK, READ, NoClock, StepClock
 
 if TYPE_CHECKING:
     from ..dataset import ShardDataset
@@ -63,9 +63,9 @@ def worker_pass(
     at: PassPosition,
     *,
     pool: BufferPool | None,
-    raw: Callable[[StageClock | NoClock], RawBatches] | None = None,
+    raw: Callable[[StepClock | NoClock], RawBatches] | None = None,
     raw_only: bool = False,
-    clock: StageClock | NoClock | None = None,
+    clock: StepClock | NoClock | None = None,
 ) -> Iterator[Any]:
     """The batches one process makes in a pass of ``ds`` from ``at``: the whole path of a sample.
 
@@ -75,7 +75,7 @@ def worker_pass(
     ``clock`` times the stages (default: the profiler's, if one is attached to ``ds``).
     """
     if clock is None:
-        clock = NO_CLOCK if ds.stage_times is None else ds.stage_times.clock()
+        clock = NO_CLOCK if ds.step_times is None else ds.step_times.clock()
     train, worker, rank = ds.mode == "train", at.worker, ds.rank  # the rank this pass settled
     dropped = _counter(ds, worker, FILTERED)
     if raw is None:
@@ -96,7 +96,7 @@ def worker_pass(
                 ds.raw_stages,
                 make_up=train,
                 on_dropped=dropped,
-                seed_of=lambda k: stages_seed(ds.seed, at.epoch, rank, worker, k),
+                seed_of=lambda k: user_seed(ds.seed, at.epoch, rank, worker, k),
             )
             if ds.raw_stages
             else None,
@@ -138,7 +138,7 @@ def worker_pass(
     return iter(wds.DataPipeline(*head, *tail, _settled(ds)))
 
 
-def raw_batches(ds: ShardDataset, at: PassPosition, *, clock: StageClock | NoClock = NO_CLOCK) -> RawBatches:
+def raw_batches(ds: ShardDataset, at: PassPosition, *, clock: StepClock | NoClock = NO_CLOCK) -> RawBatches:
     """``(k, raw samples)`` of a pass from batch ``at.first`` on: :func:`worker_pass` to its raw stages."""
     return worker_pass(ds, at, pool=None, raw_only=True, clock=clock)
 

@@ -6,7 +6,7 @@ cache shared by the processes of a machine (:mod:`.cache`).
 """
 
 from .cache import ShardCache
+from .ranges import RetryPolicy
 from .source import ShardSource
-from .stream import RetryPolicy
 
 __all__ = ["RetryPolicy", "ShardCache", "ShardSource"]

@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from ..errors import ShardAccessError
-from .stream import RangesIgnored, WholeStream
+from .ranges import RangesIgnored, WholeStream
 
 __all__ = ["RemoteObject", "remote_object"]
 

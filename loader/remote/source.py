@@ -50,7 +50,7 @@ from imgshards.converter.remotefs import with_timeouts
 from ..errors import ConfigError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
 from .objects import RemoteObject, remote_object
-from .stream import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
+from .ranges import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
 

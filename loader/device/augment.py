@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torchvision.ops import roi_align
 
-from .presets import (
+from ..image.presets import (
     _GRAY,
     _PCA_EIGVAL,
     _PCA_EIGVEC,

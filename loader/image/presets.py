@@ -58,8 +58,8 @@ import torch
 from PIL import Image
 from torch.nn.functional import conv2d, interpolate
 
+from ..errors import ConfigError, ImageShapeError
 from .decode import Reduced
-from .errors import ConfigError, ImageShapeError
 
 __all__ = [
     "PRESETS",

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .batch import IMAGENET_MEAN, IMAGENET_STD
-from .errors import ConfigError
-from .reader import image_member, sample_shard
+from ..errors import ConfigError
+from ..pipeline.batch import IMAGENET_MEAN, IMAGENET_STD
+from ..pipeline.reader import image_member, sample_shard
 
 __all__ = ["DecodeOn", "RawBatch", "raw_batch"]
 
