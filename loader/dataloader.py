@@ -115,7 +115,7 @@ class ShardLoader:
         self.dataset = dataset
         self.dataloader = dataloader
         self.timeout = timeout  # seconds without a batch from live workers (0: no limit)
-        # With dataset.decode_on the workers send raw batches, decoded here (device.py).
+        # With dataset.decode_on the workers send raw batches, decoded here (device/decoder.py).
         self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
         self._loaded = False  # a state was loaded: an eval pass resumes too
         # Worker batch buffers handed out, to give back once nothing here refers to them: the

@@ -125,7 +125,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             is unreadable, as above. A timeout set in ``storage_options`` wins.
         decode_on: ``"cuda"`` (nvjpeg and the presets on the GPU), ``"cpu"`` or a :class:`DecodeOn`:
             the workers only read and batch raw bytes, the training process decodes and augments
-            (same order and augmentation) and yields normalized images there (:mod:`.device`).
+            (same order and augmentation) and yields normalized images there (:mod:`.device.decoder`).
 
     Raises:
         ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
@@ -345,7 +345,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         return self._control.kept_buffer(token)
 
     def forget_buffers(self) -> None:
-        """Unmap the batch buffers kept for workers that exited (see :mod:`.batch`)."""
+        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.batch`)."""
         self._control.forget_buffers()
 
     # ---- a pass (passes.worker_pass lists its stages) ------------------------------------------

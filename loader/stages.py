@@ -343,11 +343,11 @@ class _Decoded(list[Sample]):
 decode_batches = pipelinefilter(_decode_batches)
 decode_batches.__doc__ = """Stage on batches: decode and transform every sample of batch ``k`` with
 torch's generator seeded by ``seed_of(k)`` (``restore``: put the caller's generator state back).
-With a preset, a large JPEG is decoded at the scale its view needs (:mod:`~imgshards.loader.scaled`).
+With a preset, a large JPEG is decoded at the scale its view needs (:mod:`~imgshards.loader.image.scaled`).
 An image that does not decode, or that the transform refuses (a shape a preset will not resize,
 :class:`~imgshards.loader.ImageShapeError`; memory it cannot have), goes to ``on_corrupt`` and
 leaves its batch one smaller (raises without ``on_corrupt``). With ``rows`` (a batch buffer for
-``n`` images, :class:`~imgshards.loader.batch.BatchRows`) each image is written into its batch's
+``n`` images, :class:`~imgshards.loader.pipeline.batch.BatchRows`) each image is written into its batch's
 buffer as soon as it is made, and :data:`collate_batches` takes the rows as they stand.
 """
 
@@ -368,7 +368,7 @@ def _raw_batches(
 
 raw_batches = pipelinefilter(_raw_batches)
 raw_batches.__doc__ = """Stage on batches, with ``decode_on``: pack each batch's image bytes into a
-:class:`~imgshards.loader.offload.RawBatch` (in shared memory if ``shared``) for the training
+:class:`~imgshards.loader.device.offload.RawBatch` (in shared memory if ``shared``) for the training
 process to decode."""
 
 

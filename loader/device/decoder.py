@@ -2,7 +2,7 @@
 
 With ``ShardDataset(..., decode_on="cuda")`` the DataLoader workers only read, shuffle and batch raw
 bytes (:class:`~.offload.RawBatch`, one message per batch), and a :class:`DeviceDecoder` in the
-training process turns each into a normalized :class:`~.batch.Batch` on the device::
+training process turns each into a normalized :class:`~..pipeline.batch.Batch` on the device::
 
     producer thread:  RawBatch -> probe headers (host) -> decode (one batched call per chunk, on a
         decode stream of its own; the CPU decoder for the rest) -> draw each image's view (host,
@@ -12,16 +12,16 @@ training process turns each into a normalized :class:`~.batch.Batch` on the devi
 
 - **Same augmentation as in the workers**: the views (crop box, flip, colour) are drawn on the host
   from a CPU generator seeded from the batch's ``(seed, epoch, rank, worker, batch)``
-  (:func:`~.pipeline.augment_seed`), in sample order, from the decoded sizes: every random parameter
+  (:func:`~..pipeline.augment_seed`), in sample order, from the decoded sizes: every random parameter
   is the one a worker draws. With ``augment="per_image"`` (the default on the CPU) the preset runs
   image by image and ``decode_on="cpu"`` gives ``to_device(batch from the workers)`` bit for bit;
   with ``augment="batched"`` (the default on a GPU, :mod:`.augment`) the pixels differ from the
   per-image presets by the resize filter (the tolerance is stated there).
-- **Fallbacks** (:mod:`.probe`): non-JPEG, CMYK, progressive, truncated and unparsable files go
+- **Fallbacks** (:mod:`.backends`): non-JPEG, CMYK, progressive, truncated and unparsable files go
   to the workers' CPU decoder, so the GPU keeps exactly the samples the workers keep. A batched call
   the decoder refuses is halved until the refused images are alone (``log2(n)`` calls for one bad
   image); those go to the CPU decoder, and what it cannot read is a
-  :class:`~.errors.CorruptImageError` (raised, or skipped and counted). Out-of-memory and device
+  :class:`~..errors.CorruptImageError` (raised, or skipped and counted). Out-of-memory and device
   errors propagate, never retried.
 - **Overlap**: all of a batch's host work (the DataLoader's ``next()``, probes, draws, launches, CPU
   fallbacks) runs in a producer thread (:class:`Producer`), ``ahead`` batches ahead; the training
@@ -30,7 +30,7 @@ training process turns each into a normalized :class:`~.batch.Batch` on the devi
   thread, so it runs in the training thread, image by image.
 - **Bounded memory**: a decode call gets at most ``max_decoded_bytes`` of pixels (a larger image
   goes alone), the batched augment's canvas at most four times that, and at most ``ahead + 2``
-  batches exist; :attr:`DeviceDecoder.stats` has the peak and the bound (:mod:`.devicememory`).
+  batches exist; :attr:`DeviceDecoder.stats` has the peak and the bound (:mod:`.memory`).
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ class DeviceDecoder:
         return out
 
     def _bound(self, raw: RawBatch, probes: Sequence[Probe], batch: Batch) -> int:
-        """What the design bounds the memory by, for batches like ``batch`` (:func:`.devicememory.bound`)."""
+        """What the design bounds the memory by, for batches like ``batch`` (:func:`.memory.bound`)."""
         shapes = [(p.height, p.width) for p in probes]
         return bound(
             shapes,

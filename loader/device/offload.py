@@ -4,7 +4,7 @@ With ``ShardDataset(decode_on=...)`` a DataLoader worker still reads, shuffles a
 into batches, but stops before decoding: it packs the batch's image bytes into one ``uint8`` tensor
 (in shared memory, so crossing to the training process copies nothing) with their offsets, labels
 and names, and the position that seeds the batch's augmentation (epoch, worker, batch). The
-training process decodes and augments it (:mod:`.device`).
+training process decodes and augments it (:mod:`.decoder`).
 """
 
 from __future__ import annotations

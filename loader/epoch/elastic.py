@@ -136,9 +136,7 @@ def remaining(layout: Layout, epoch: int, legs: tuple[Leg, ...]) -> np.ndarray:
     for i, (w, n, k) in enumerate(legs):
         for r in range(w):
             for worker, count in enumerate(partition.delivered_by_worker(k, n)):
-                p = _leg_plan(
-                    layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, leg=i
-                )
+                p = _leg_plan(layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, leg=i)
                 done = stream_positions(layout, epoch, p, base, rank=r, worker=worker, leg=i)
                 keep[list(islice(done, sum(p.sizes[:count])))] = False
         left = np.flatnonzero(keep)
