@@ -326,7 +326,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
         if self.mode == "eval":
             return len(self)
         return elastic.rank_batches(
-            self._layout, epoch=self.epoch, stages=self.cursor.legs, world_size=self._pass_ranks()[1]
+            self._layout, epoch=self.epoch, legs=self.cursor.legs, world_size=self._pass_ranks()[1]
         )
 
     def _kw(self) -> dict[str, Any]:
@@ -416,7 +416,7 @@ class ShardDataset(EpochState, IterableDataset[Batch | RawBatch]):
             rank=self.rank, world_size=self.world_size, worker=at.worker, num_workers=at.num_workers
         )
         if self.mode == "train":
-            return elastic.plan(self._layout, epoch=at.epoch, stages=at.legs, **where)
+            return elastic.plan(self._layout, epoch=at.epoch, legs=at.legs, **where)
         return partition.worker_plan(
             self._shard_samples, seed=self.seed, epoch=at.epoch, shuffle=self.shuffle, **where, **self._kw()
         )
