@@ -255,11 +255,8 @@ def _decode_augment(job: tuple[str, int, int]) -> float:
 
 def _scaled(transform: Callable) -> Callable | None:
     """This checkout's scaled decode for ``transform``, as the loader's workers use it (issue 33)."""
-    # Imported here: `--one` imports this file under REF too, where the module may sit at loader/scaled.py.
-    try:
-        from imgshards.loader.image.scaled import scaled_decoder
-    except ImportError:
-        from imgshards.loader.scaled import scaled_decoder  # type: ignore[no-redef]
+    # Imported here: `--one` imports this file under REF too, which may not have this module.
+    from imgshards.loader.image.scaled import scaled_decoder
 
     return scaled_decoder(transform)
 
