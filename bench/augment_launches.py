@@ -17,8 +17,8 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from imgshards.loader.augment import augment_batch
-from imgshards.loader.presets import preset
+from imgshards.loader.device.augment import augment_batch
+from imgshards.loader.image.presets import preset
 
 # Operations that make a view (no kernel), or copy a host scalar: not launches.
 VIEWS = {

@@ -73,7 +73,7 @@ from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, ShardDataset, make_loader, preset
-from imgshards.loader.decode import decode
+from imgshards.loader import decode_image as decode  # public in both layouts: `--one` runs under REF
 
 TARGETS = {"a": 1.9, "b": 2.2, "c": 0.85}
 AGAINST_TARGETS = {"ref": 1.0, "limit": 0.95}  # imgshards / REF, imgshards / limit (issue 22)
@@ -255,7 +255,8 @@ def _decode_augment(job: tuple[str, int, int]) -> float:
 
 def _scaled(transform: Callable) -> Callable | None:
     """This checkout's scaled decode for ``transform``, as the loader's workers use it (issue 33)."""
-    from imgshards.loader.scaled import scaled_decoder  # here: `--one` imports this file under REF too
+    # Imported here: `--one` imports this file under REF too, which may not have this module.
+    from imgshards.loader.image.scaled import scaled_decoder
 
     return scaled_decoder(transform)
 

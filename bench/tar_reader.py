@@ -7,8 +7,9 @@ Run by hand (not in CI), on shards ``imgshards pack`` wrote:
     imgshards pack /tmp/inet /tmp/inet-packed --shard-size 32MB
     python bench/tar_reader.py /tmp/inet-packed [--against e8eb196] [--rounds 9]
 
-``--against REF``'s ``loader/reader.py`` is taken from git (``git show``) and imported beside this
-tree's reader, which reads through the converter's one tar parser (``converter/tarstream.py``).
+``--against REF``'s tar reader (``loader/pipeline/reader.py``, ``loader/reader.py`` before issue 32)
+is taken from git (``git show``) and imported beside this tree's reader, which reads through the
+converter's one tar parser (``converter/tarstream.py``).
 Both read the same shards, the files read once before timing so both read from the page cache,
 in alternated rounds; each keeps its best round. Rows:
 
@@ -36,22 +37,24 @@ from types import ModuleType
 
 from imgshards.converter import read_manifest
 from imgshards.converter.tarstream import TarStream
-from imgshards.loader import reader as new_reader
+from imgshards.loader.pipeline import reader as new_reader
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def old_reader(ref: str, where: Path) -> ModuleType:
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{ref}:loader/reader.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    # Named inside the package it was in, so that its relative imports (``from ..errors import``) resolve.
+    at, package = "loader/pipeline/reader.py", "imgshards.loader.pipeline"
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{at}"], capture_output=True, text=True)
+    if shown.returncode != 0:  # a REF from before issue 32
+        at, package = "loader/reader.py", "imgshards.loader"
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{ref}:{at}"], capture_output=True, text=True
+        )
+    shown.check_returncode()
     path = where / "old_reader.py"
-    path.write_text(source)
-    # Named inside imgshards.loader, so that its relative imports (``from .errors import``) resolve.
-    name = "imgshards.loader._bench_old_reader"
+    path.write_text(shown.stdout)
+    name = f"{package}._bench_old_reader"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -229,9 +229,9 @@ def _print_point(point: BenchPoint) -> None:
     rows.append(["one worker flat out", *(_flat_out(r) for r in runs)])
     rows.append(["workers busy", *(f"{r.busy_share:.0%} of the time" for r in runs)])
     rows.append(["workers had a core", *(f"{r.cpu_share:.0%} of busy time" for r in runs)])
-    for k, stage in enumerate(runs[0].stage_seconds):
-        label = "time in workers: " + stage if k == 0 else " " * len("time in workers: ") + stage
-        rows.append([label, *(_stage(r, stage) for r in runs)])
+    for k, step in enumerate(runs[0].seconds_by_step):
+        label = "time in workers: " + step if k == 0 else " " * len("time in workers: ") + step
+        rows.append([label, *(_step(r, step) for r in runs)])
     rows.append(["batches ready ahead (mean/max)", *(_ready(r) for r in runs)])
     rows.append(["loop waited for data", *(_waited(r) for r in runs)])
     rows.append(["main process CPU", *(_main_cpu(r) for r in runs)])
@@ -315,10 +315,10 @@ def _per_worker(r: RunResult) -> str:
     return " ".join(f"{v:,.0f}" for v in rates[:8]) + (" ..." if len(rates) > 8 else "")
 
 
-def _stage(r: RunResult, stage: str) -> str:
-    busy = sum(r.stage_seconds.values())
-    share = r.stage_seconds[stage] / busy if busy else 0.0
-    return f"{share:4.0%}  {r.ms_per_image(stage):5.2f} ms/image, CPU {r.ms_per_image_cpu(stage):5.2f}"
+def _step(r: RunResult, step: str) -> str:
+    busy = sum(r.seconds_by_step.values())
+    share = r.seconds_by_step[step] / busy if busy else 0.0
+    return f"{share:4.0%}  {r.ms_per_image(step):5.2f} ms/image, CPU {r.ms_per_image_cpu(step):5.2f}"
 
 
 def _ready(r: RunResult) -> str:

@@ -91,7 +91,7 @@ def with_timeouts(url: str, storage_options: Mapping[str, Any] | None, timeout: 
     wins. HTTP (aiohttp): ``client_kwargs={"timeout": ClientTimeout(sock_connect=..., sock_read=...)}``,
     no total (a slow answer that keeps coming is not a stall); S3 (botocore): ``config_kwargs``'s
     ``connect_timeout`` and ``read_timeout``. Other file systems get no option: the loader bounds its
-    own waits on them (:mod:`imgshards.loader.remote.stream`).
+    own waits on them (:mod:`imgshards.loader.remote.ranges`).
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")

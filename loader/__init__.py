@@ -12,10 +12,9 @@ dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, d
 """
 
 from . import stages
-from .batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
-from .decode import decode as decode_image
+from .device.offload import DecodeOn
 from .epoch import elastic, partition
 from .errors import (
     ConfigError,
@@ -27,10 +26,18 @@ from .errors import (
     ShardReadError,
     WorkerError,
 )
+from .image.decode import decode as decode_image
+from .image.presets import (
+    PRESETS,
+    PresetName,
+    RandomResizedCropFlip,
+    ResizeCenterCrop,
+    ScaleCropFlipColor,
+    preset,
+)
 from .mix import MixedDataset
-from .offload import DecodeOn
 from .pipeline import passes
-from .presets import PRESETS, PresetName, RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, preset
+from .pipeline.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .remote import RetryPolicy, ShardSource
 
 __all__ = [

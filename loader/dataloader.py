@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader
 
 from imgshards.converter.errors import ImgshardsError
 
-from .batch import Batch, pool_token
 from .dataset import PassDataset
-from .device import DeviceDecoder
+from .device.decoder import DeviceDecoder
 from .errors import ConfigError, LoaderTimeoutError, ResumeError, WorkerError
+from .pipeline.batch import Batch, pool_token
 from .remote.cache import end_with
 from .state.checkpoint import STATE_VERSION, check_settings, settings
 from .workers import default_context, worker_died
@@ -115,7 +115,7 @@ class ShardLoader:
         self.dataset = dataset
         self.dataloader = dataloader
         self.timeout = timeout  # seconds without a batch from live workers (0: no limit)
-        # With dataset.decode_on the workers send raw batches, decoded here (device.py).
+        # With dataset.decode_on the workers send raw batches, decoded here (device/decoder.py).
         self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
         self._loaded = False  # a state was loaded: an eval pass resumes too
         # Worker batch buffers handed out, to give back once nothing here refers to them: the

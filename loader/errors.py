@@ -19,6 +19,7 @@ __all__ = [
     "ShardAccessError",
     "ShardReadError",
     "WorkerError",
+    "check_choice",
 ]
 
 
@@ -101,3 +102,12 @@ class ShardAccessError(ShardReadError):
     replaced on the server while the pass read it. Raised at once, whatever ``on_error`` says, by
     the first worker that meets it: one line naming the shard, the cause and the fix.
     """
+
+
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Raise ConfigError naming ``name``, ``value`` and the allowed values unless ``value`` is one.
+
+    The loader's arguments are checked when a dataset is built: a typo fails there, naming the choices.
+    """
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; expected one of {list(allowed)}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from imgshards.loader import ShardDataset, make_loader
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,8 +29,8 @@ from imgshards.converter.headers import image_size, jpeg_header, jpeg_scans, ove
 from imgshards.converter.validate import MAX_SHARD_BYTES, check_name
 from imgshards.converter.verify import check_shard_stream
 from imgshards.loader import CorruptImageError, ShardDataset
-from imgshards.loader.decode import decode
-from imgshards.loader.reader import read_run
+from imgshards.loader.image.decode import decode
+from imgshards.loader.pipeline.reader import read_run
 
 SEED = 12
 CASES = 300

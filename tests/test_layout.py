@@ -112,7 +112,7 @@ def test_every_package_says_what_it_holds(folder):
 
 
 def test_no_name_of_the_loader_masks_one_of_its_modules():
-    # `imgshards.loader.decode` is the module; the function is `decode_image` (or `.decode.decode`).
+    # `imgshards.loader.image.decode` is the module; the function is `decode_image` (or `.decode.decode`).
     import importlib
     import inspect
 

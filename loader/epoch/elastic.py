@@ -3,18 +3,18 @@
 An epoch may run in *legs*: the first at world size ``W1`` with ``N1`` workers per rank, stopped
 after every rank delivered ``k1`` batches, the next at ``W2`` / ``N2`` over what is left, and so on.
 A leg is the triple ``(world_size, num_workers, batches delivered per rank)`` (:data:`.position.Leg`;
-"stages" in a saved state, and in the arguments below); the finished legs of an epoch and the seed
+"stages" in a saved state); the finished legs of an epoch and the seed
 fix everything else:
 
-- The samples a stage delivered are a pure function of its plan and the count: each worker's sample
+- The samples a leg delivered are a pure function of its plan and the count: each worker's sample
   order is the interleave-and-shuffle of :mod:`.order` run on sample *positions* instead of
   samples, so it is recomputed here from indices, without reading a shard (:func:`remaining`).
-- The next stage deals the samples not yet delivered, in the epoch's shard order, to its ranks and
+- The next leg deals the samples not yet delivered, in the epoch's shard order, to its ranks and
   workers in blocks, as :func:`.partition.worker_plan` deals a fresh epoch: every rank gets the
   same number of batches, and every remaining sample comes exactly once (ranks may hold one sample
-  more or less; see :func:`stage_counts`). Reads skip the delivered samples without decoding them.
+  more or less; see :func:`leg_counts`). Reads skip the delivered samples without decoding them.
 
-Without finished stages the plan is :func:`.partition.worker_plan`'s, so a resume onto the same
+Without finished legs the plan is :func:`.partition.worker_plan`'s, so a resume onto the same
 topology continues the same plan exactly.
 """
 
@@ -35,11 +35,11 @@ from .partition import Segment, WorkerPlan
 __all__ = [
     "Layout",
     "Leg",
+    "leg_counts",
     "plan",
     "rank_batches",
     "remaining",
     "shard_bases",
-    "stage_counts",
     "stream_positions",
 ]
 
@@ -68,14 +68,14 @@ def plan(
     layout: Layout,
     *,
     epoch: int,
-    stages: Sequence[Leg],
+    legs: Sequence[Leg],
     rank: int,
     world_size: int,
     worker: int,
     num_workers: int,
 ) -> WorkerPlan:
-    """What worker ``(rank, worker)`` reads in ``epoch`` after the finished ``stages`` (train mode)."""
-    if not stages:
+    """What worker ``(rank, worker)`` reads in ``epoch`` after the finished ``legs`` (train mode)."""
+    if not legs:
         return partition.worker_plan(
             layout.shard_samples,
             seed=layout.seed,
@@ -89,13 +89,13 @@ def plan(
             drop_last=layout.drop_last,
             shuffle=layout.shuffle,
         )
-    left = remaining(layout, epoch, tuple(stages))
-    return _stage_plan(
+    left = remaining(layout, epoch, tuple(legs))
+    return _leg_plan(
         layout, epoch, left, rank=rank, world_size=world_size, worker=worker, num_workers=num_workers
     )
 
 
-def stage_counts(left: int, world_size: int, batch_size: int) -> tuple[list[int], int]:
+def leg_counts(left: int, world_size: int, batch_size: int) -> tuple[list[int], int]:
     """Samples of each rank and the batches of every rank, for ``left`` samples to deal.
 
     Ranks take ``left // W`` or one more sample, all in the same number of batches; that needs at
@@ -109,22 +109,22 @@ def stage_counts(left: int, world_size: int, batch_size: int) -> tuple[list[int]
     return samples, math.ceil(max(samples, default=0) / batch_size)
 
 
-def rank_batches(layout: Layout, *, epoch: int, stages: Sequence[Leg], world_size: int) -> int:
-    """Batches each rank yields in the stage after ``stages`` (the whole epoch without stages)."""
-    if not stages:
+def rank_batches(layout: Layout, *, epoch: int, legs: Sequence[Leg], world_size: int) -> int:
+    """Batches each rank yields in the leg after ``legs`` (the whole epoch without legs)."""
+    if not legs:
         total = sum(layout.shard_samples)
         kw = dict(batch_size=layout.batch_size, train=True, drop_last=layout.drop_last)
         return partition.rank_batches(total, world_size=world_size, **kw)[0]  # type: ignore[arg-type]
-    return stage_counts(len(remaining(layout, epoch, tuple(stages))), world_size, layout.batch_size)[1]
+    return leg_counts(len(remaining(layout, epoch, tuple(legs))), world_size, layout.batch_size)[1]
 
 
 @functools.lru_cache(maxsize=4)
-def remaining(layout: Layout, epoch: int, stages: tuple[Leg, ...]) -> np.ndarray:
-    """Sorted virtual positions (shards in the epoch's order) of the samples the stages did not deliver."""
+def remaining(layout: Layout, epoch: int, legs: tuple[Leg, ...]) -> np.ndarray:
+    """Sorted virtual positions (shards in the epoch's order) of the samples the legs did not deliver."""
     total = sum(layout.shard_samples)
-    world_size = stages[0][0]
+    world_size = legs[0][0]
     first = [
-        plan(layout, epoch=epoch, stages=(), rank=r, world_size=world_size, worker=0, num_workers=1)
+        plan(layout, epoch=epoch, legs=(), rank=r, world_size=world_size, worker=0, num_workers=1)
         for r in range(world_size)
     ]
     keep = np.zeros(total, dtype=bool)
@@ -133,19 +133,17 @@ def remaining(layout: Layout, epoch: int, stages: tuple[Leg, ...]) -> np.ndarray
         for seg in p.segments:
             keep[base[seg.shard] + seg.start : base[seg.shard] + seg.stop] = True
     left = np.flatnonzero(keep)
-    for i, (w, n, k) in enumerate(stages):
+    for i, (w, n, k) in enumerate(legs):
         for r in range(w):
             for worker, count in enumerate(partition.delivered_by_worker(k, n)):
-                p = _stage_plan(
-                    layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, stage=i
-                )
+                p = _leg_plan(layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, leg=i)
                 done = stream_positions(layout, epoch, p, base, rank=r, worker=worker, leg=i)
                 keep[list(islice(done, sum(p.sizes[:count])))] = False
         left = np.flatnonzero(keep)
     return left
 
 
-def _stage_plan(
+def _leg_plan(
     layout: Layout,
     epoch: int,
     left: np.ndarray,
@@ -154,19 +152,19 @@ def _stage_plan(
     world_size: int,
     worker: int,
     num_workers: int,
-    stage: int | None = None,
+    leg: int | None = None,
 ) -> WorkerPlan:
-    if stage == 0:
+    if leg == 0:
         return plan(
             layout,
             epoch=epoch,
-            stages=(),
+            legs=(),
             rank=rank,
             world_size=world_size,
             worker=worker,
             num_workers=num_workers,
         )
-    samples, batches = stage_counts(len(left), world_size, layout.batch_size)
+    samples, batches = leg_counts(len(left), world_size, layout.batch_size)
     sizes = [partition.rank_batch_sizes(s, batches, layout.batch_size) for s in samples]
     counts = [sum(s[w::num_workers]) for s in sizes for w in range(num_workers)]
     block = partition.block_size(sum(counts), len(counts))

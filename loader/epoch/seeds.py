@@ -25,16 +25,16 @@ __all__ = [
     "DROPPED",
     "MIX",
     "SHARD_ORDER",
-    "STAGES",
+    "USER",
     "WORKER",
     "augment_seed",
     "epoch_rng",
     "mix_rng",
-    "stages_seed",
+    "user_seed",
     "worker_rng",
 ]
 
-SHARD_ORDER, DROPPED, WORKER, AUGMENT, STAGES, MIX = 0, 1, 2, 3, 4, 5
+SHARD_ORDER, DROPPED, WORKER, AUGMENT, USER, MIX = 0, 1, 2, 3, 4, 5
 
 
 def epoch_rng(seed: int, epoch: int, tag: int) -> np.random.Generator:
@@ -52,9 +52,9 @@ def augment_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> i
     return int(np.random.SeedSequence([seed, epoch, AUGMENT, rank, worker, batch]).generate_state(1)[0])
 
 
-def stages_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:
+def user_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:
     """Seed of torch's generator while the user's raw stages run on batch ``batch`` (a random filter)."""
-    return augment_seed(seed, epoch, rank, worker, batch) + STAGES
+    return augment_seed(seed, epoch, rank, worker, batch) + USER
 
 
 def mix_rng(seed: int, epoch: int, rank: int, worker: int, batch: int) -> np.random.Generator:

@@ -25,7 +25,7 @@ from ..device.offload import RawBatch
 from ..epoch import elastic, partition
 from ..epoch.order import worker_order
 from ..epoch.position import PassPosition
-from ..epoch.seeds import augment_seed, filter_seed
+from ..epoch.seeds import augment_seed, user_seed
 from ..errors import CorruptImageError, ShardReadError
 from ..image.presets import Transform
 from ..remote import ShardSource
@@ -141,7 +141,7 @@ def raw_pass(
             s.raw_stages,
             keep_size=s.train,
             on_dropped=counters.adder(FILTERED),
-            seed_of=lambda k: filter_seed(s.layout.seed, at.epoch, at.rank, at.worker, k),
+            seed_of=lambda k: user_seed(s.layout.seed, at.epoch, at.rank, at.worker, k),
         )
     return batches
 

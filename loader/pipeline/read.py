@@ -29,8 +29,8 @@ from imgshards.converter.manifest import ShardInfo, SplitInfo
 from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
 from ..errors import CorruptImageError, ShardAccessError, ShardReadError
-from ..reader import RawSample, read_run
 from ..remote import ShardSource
+from .reader import RawSample, read_run
 
 __all__ = [
     "augment_seed",

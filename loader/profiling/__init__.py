@@ -1,7 +1,7 @@
 """Measuring a loader the way a training loop sees it: the library side of ``imgshards bench``.
 
-- ``stagetimes`` (:mod:`imgshards.loader.pipeline.stagetimes`, part of the data path, which
-  imports nothing from this package): the clock each worker times its stages with, published in
+- ``steps`` (:mod:`imgshards.loader.pipeline.steps`, part of the data path, which
+  imports nothing from this package): the clock each worker times its steps with, published in
   shared memory; this package reads it.
 - :mod:`.procstats`: peak and proportional memory of processes, page-cache eviction.
 - :mod:`.config`: :class:`~.config.BenchConfig`, what a benchmark measures.
@@ -15,11 +15,11 @@ data path, and ``import imgshards.loader.profiling`` alone should not.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..pipeline import stagetimes
+    from ..pipeline import steps
     from .config import BenchConfig
     from .runner import bench
 
-__all__ = ["BenchConfig", "bench", "stagetimes"]
+__all__ = ["BenchConfig", "bench", "steps"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,10 +28,10 @@ def __getattr__(name: str) -> Any:
         from .runner import bench
 
         return bench
-    if name == "stagetimes":
-        from ..pipeline import stagetimes
+    if name == "steps":
+        from ..pipeline import steps
 
-        return stagetimes
+        return steps
     if name == "BenchConfig":
         from .config import BenchConfig
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..presets import PRESETS
+from ..image.presets import PRESETS
 from .devicerun import DECODE_ON
 
 __all__ = ["BenchConfig"]

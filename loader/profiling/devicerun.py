@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoderstats import DecoderStats
+from ..device.stats import DecoderStats
 
 __all__ = ["DECODE_ON", "DeviceRun"]
 
@@ -17,7 +17,7 @@ DECODE_ON = ("workers", "cpu", "cuda")
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceRun:
-    """The decoder's work over a run: per-batch stage times, fallbacks and memory.
+    """The decoder's work over a run: per-batch step times, fallbacks and memory.
 
     Times are the device's (GPU time between CUDA events, wall time on the CPU), over every batch
     the run decoded, the first and those decoded ahead included. ``peak_bytes`` is what the
@@ -79,6 +79,6 @@ class DeviceRun:
             fallbacks=fallbacks,
         )
 
-    def ms_per_batch(self, stage: str) -> float:
-        """Mean milliseconds per batch in ``stage`` (``"decode"``, ``"augment"``, ``"normalize"``)."""
-        return self.seconds[stage] / self.batches * 1000 if self.batches else 0.0
+    def ms_per_batch(self, step: str) -> float:
+        """Mean milliseconds per batch in ``step`` (``"decode"``, ``"augment"``, ``"normalize"``)."""
+        return self.seconds[step] / self.batches * 1000 if self.batches else 0.0

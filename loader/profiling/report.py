@@ -37,7 +37,7 @@ LOADER_BOUND_WAIT = 0.05
 # Workers that got a core for less than this share of their busy time ran on an oversubscribed
 # machine (other jobs, or more busy processes than cores): their rates understate a free machine's.
 CPU_SHARE_LOW = 0.8
-# The stages that only compute (reading also waits for storage).
+# The steps that only compute (reading also waits for storage).
 _COMPUTE = ("decode", "augment", "collate")
 
 
@@ -53,8 +53,8 @@ class RunResult:
     batches: int
     images: int
     passes: int
-    stage_seconds: dict[str, float]
-    stage_cpu_seconds: dict[str, float]
+    seconds_by_step: dict[str, float]
+    cpu_seconds_by_step: dict[str, float]
     worker_images: list[int]
     worker_busy_s: list[float]
     ready_mean: float
@@ -92,9 +92,9 @@ class RunResult:
             batches=batches,
             images=sum(p.images for p in parts),
             passes=max(p.passes for p in parts),
-            stage_seconds={k: sum(p.stage_seconds[k] for p in parts) for k in first.stage_seconds},
-            stage_cpu_seconds={
-                k: sum(p.stage_cpu_seconds[k] for p in parts) for k in first.stage_cpu_seconds
+            seconds_by_step={k: sum(p.seconds_by_step[k] for p in parts) for k in first.seconds_by_step},
+            cpu_seconds_by_step={
+                k: sum(p.cpu_seconds_by_step[k] for p in parts) for k in first.cpu_seconds_by_step
             },
             worker_images=[sum(n) for n in zip(*(p.worker_images for p in parts), strict=True)],
             worker_busy_s=[sum(s) for s in zip(*(p.worker_busy_s for p in parts), strict=True)],
@@ -124,21 +124,21 @@ class RunResult:
         """Images each worker finished per second of the run."""
         return [n / self.seconds if self.seconds > 0 else 0.0 for n in self.worker_images]
 
-    def ms_per_image(self, stage: str) -> float:
-        """Milliseconds of worker time per image spent in ``stage`` (one of ``STAGES``)."""
+    def ms_per_image(self, step: str) -> float:
+        """Milliseconds of worker time per image spent in ``step`` (one of ``STEPS``)."""
         made = sum(self.worker_images)
-        return self.stage_seconds[stage] / made * 1000 if made else 0.0
+        return self.seconds_by_step[step] / made * 1000 if made else 0.0
 
     @property
     def images_per_busy_s(self) -> float:
-        """Images a worker makes per second of its stage time: one worker's rate flat out."""
+        """Images a worker makes per second of its step time: one worker's rate flat out."""
         busy = sum(self.worker_busy_s)
         return sum(self.worker_images) / busy if busy > 0 else 0.0
 
-    def ms_per_image_cpu(self, stage: str) -> float:
-        """Milliseconds of CPU time per image spent in ``stage``."""
+    def ms_per_image_cpu(self, step: str) -> float:
+        """Milliseconds of CPU time per image spent in ``step``."""
         made = sum(self.worker_images)
-        return self.stage_cpu_seconds[stage] / made * 1000 if made else 0.0
+        return self.cpu_seconds_by_step[step] / made * 1000 if made else 0.0
 
     @property
     def images_per_free_core_s(self) -> float:
@@ -147,7 +147,7 @@ class RunResult:
         Images per second of reading (wall time: it can wait for storage) plus the CPU time of
         decoding, augmenting and collating.
         """
-        seconds = self.stage_seconds["read"] + sum(self.stage_cpu_seconds[k] for k in _COMPUTE)
+        seconds = self.seconds_by_step["read"] + sum(self.cpu_seconds_by_step[k] for k in _COMPUTE)
         return sum(self.worker_images) / seconds if seconds > 0 else 0.0
 
     @property
@@ -157,8 +157,8 @@ class RunResult:
         About 1 on a machine with a free core per worker; above 1 when a process runs threads (torch
         does, in the main process, with no workers). Reading is left out: it also waits for storage.
         """
-        wall = sum(self.stage_seconds[k] for k in _COMPUTE)
-        return sum(self.stage_cpu_seconds[k] for k in _COMPUTE) / wall if wall > 0 else 0.0
+        wall = sum(self.seconds_by_step[k] for k in _COMPUTE)
+        return sum(self.cpu_seconds_by_step[k] for k in _COMPUTE) / wall if wall > 0 else 0.0
 
     @property
     def oversubscribed(self) -> bool:
@@ -167,7 +167,7 @@ class RunResult:
 
     @property
     def busy_share(self) -> float:
-        """Mean share of the run the workers spent in their stages (the rest they waited), at most 1.
+        """Mean share of the run the workers spent in their steps (the rest they waited), at most 1.
 
         A batch counts whole in the run it is finished in, so on a short run the batches in progress at
         the first batch can push the raw figure past 1; it is capped there.
@@ -271,7 +271,7 @@ class WorkerRounds:
 
     The rate is the median of the rounds' images/s: the chart, the table and the verdict all read
     :attr:`images_per_s`, so they cannot say different numbers. The shares (the loop's wait, the
-    workers' busy time, their stages) are of all rounds added up (:attr:`combined`).
+    workers' busy time, their steps) are of all rounds added up (:attr:`combined`).
     """
 
     workers: int

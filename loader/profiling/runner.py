@@ -8,12 +8,12 @@ what it measured. How each figure is taken:
 - **images/s** counts the images of the batches received after the first one, over the time from the
   first batch to the last. The wait for the first batch (worker start-up, and for ImageFolder its
   listing of the tree) is reported apart, as ``startup_s``. The run goes on over epoch boundaries.
-- **Per worker and per stage** (read, decode, augment, collate): each worker times its own stages and
-  publishes them once per finished batch in a shared-memory table (:mod:`.stagetimes`); the table is
+- **Per worker and per step** (read, decode, augment, collate): each worker times its own steps and
+  publishes them once per finished batch in a shared-memory table (:mod:`.steps`); the table is
   read at the first batch and at the end, and the difference is the run's. "read" is getting the
   raw bytes: tar parsing, shard interleaving and the shuffle buffer for the shards, ``open`` +
-  ``read`` of one file for ImageFolder. A worker's *busy* share is its stage seconds over the run's
-  wall time; the rest it waited for a free prefetch slot. Each stage's CPU time is counted next to
+  ``read`` of one file for ImageFolder. A worker's *busy* share is its step seconds over the run's
+  wall time; the rest it waited for a free prefetch slot. Each step's CPU time is counted next to
   its wall time: for decode, augment and collate their ratio is the share of the time the workers
   had a core (``cpu_share``, below 1 when the machine runs more busy processes than it has cores);
   for read, wall time well above CPU time is waiting for storage.
@@ -63,11 +63,11 @@ from imgshards.converter.manifest import read_manifest
 
 from ..dataloader import make_loader
 from ..dataset import ShardDataset
-from ..decode import decode
 from ..errors import ConfigError
-from ..pipeline import stagetimes
-from ..pipeline.stagetimes import AUGMENT, COLLATE, DECODE, READ, STAGES, StageClock, StageTimes
-from ..presets import Transform, preset
+from ..image.decode import decode
+from ..image.presets import Transform, preset
+from ..pipeline import steps
+from ..pipeline.steps import AUGMENT, COLLATE, DECODE, READ, STEPS, StepClock, StepTimes
 from . import procstats
 from .config import BenchConfig
 from .devicerun import DeviceRun
@@ -180,7 +180,7 @@ def _evict(config: BenchConfig, files: Sequence[str]) -> int | None:
 
 
 def _run_shards(root: Path, config: BenchConfig, workers: int, evicted: int | None) -> RunResult:
-    times = StageTimes(workers)
+    times = StepTimes(workers)
     decode_on = None if config.decode_on == "workers" else config.decode_on
     decoders = []  # the loader's decoder (not the loader: its workers must stop when the run ends)
 
@@ -193,7 +193,7 @@ def _run_shards(root: Path, config: BenchConfig, workers: int, evicted: int | No
             seed=config.seed,
             decode_on=decode_on,
         )
-        dataset.stage_times = times  # before the workers start: they take their copy of the dataset then
+        dataset.step_times = times  # before the workers start: they take their copy of the dataset then
         if decode_on == "cuda":
             torch.cuda.reset_peak_memory_stats()
         loader = make_loader(dataset, num_workers=workers, prefetch_factor=config.prefetch_factor)
@@ -210,15 +210,15 @@ def _run_shards(root: Path, config: BenchConfig, workers: int, evicted: int | No
 def _run_imagefolder(
     src: Path, rejected: frozenset[str], config: BenchConfig, workers: int, evicted: int | None
 ) -> tuple[RunResult, int]:
-    times = StageTimes(workers)
-    stages = _FolderStages(times, preset(config.preset))
+    times = StepTimes(workers)
+    steps = _FolderSteps(times, preset(config.preset))
     samples = [0]
 
     def start() -> Iterable[Any]:
         dataset = ImageFolder(
             str(src),
-            loader=stages.load,
-            transform=stages.transform,
+            loader=steps.load,
+            transform=steps.transform,
             is_valid_file=lambda p: has_file_allowed_extension(p, IMG_EXTENSIONS) and p not in rejected,
             allow_empty=True,
         )
@@ -228,7 +228,7 @@ def _run_imagefolder(
             batch_size=config.batch_size,
             shuffle=True,
             num_workers=workers,
-            collate_fn=stages.collate,
+            collate_fn=steps.collate,
             pin_memory=torch.cuda.is_available(),
             prefetch_factor=config.prefetch_factor if workers else None,
             persistent_workers=workers > 0,
@@ -254,15 +254,15 @@ def _rejected_paths(root: Path, rejects_file: str | None, src: Path | None) -> f
     return frozenset(out)
 
 
-class _FolderStages:
-    """ImageFolder's per-sample hooks (load, transform, collate), timed like ShardDataset's stages."""
+class _FolderSteps:
+    """ImageFolder's per-sample hooks (load, transform, collate), timed like ShardDataset's steps."""
 
-    def __init__(self, times: StageTimes, transform: Transform) -> None:
+    def __init__(self, times: StepTimes, transform: Transform) -> None:
         self.times, self.transform_fn = times, transform
-        self._clock: StageClock | None = None  # made in each worker process on its first sample
+        self._clock: StepClock | None = None  # made in each worker process on its first sample
         self._timed: tuple[Callable[..., Any], ...] = ()
 
-    def _stages(self) -> tuple[StageClock, tuple[Callable[..., Any], ...]]:
+    def _steps(self) -> tuple[StepClock, tuple[Callable[..., Any], ...]]:
         if self._clock is None:
             clock = self._clock = self.times.clock()
             self._timed = (
@@ -274,15 +274,15 @@ class _FolderStages:
         return self._clock, self._timed
 
     def load(self, path: str) -> torch.Tensor:
-        _, (read, decode_, _, _) = self._stages()
+        _, (read, decode_, _, _) = self._steps()
         suffix = os.path.splitext(path)[1].lower().lstrip(".")
         return decode_(read(path), "jpg" if suffix in ("jpg", "jpeg") else suffix, key=path, shard="SRC")
 
     def transform(self, image: torch.Tensor) -> torch.Tensor:
-        return self._stages()[1][2](image)
+        return self._steps()[1][2](image)
 
     def collate(self, samples: list[tuple[torch.Tensor, int]]) -> Any:
-        clock, timed = self._stages()
+        clock, timed = self._steps()
         batch = timed[3](samples)
         clock.batch_done(len(samples))
         return batch
@@ -299,7 +299,7 @@ def _read_file(path: str) -> bytearray:
 def _measure(
     pipeline: Pipeline,
     start: Callable[[], Iterable[Any]],
-    times: StageTimes,
+    times: StepTimes,
     config: BenchConfig,
     workers: int,
     evicted: int | None,
@@ -338,7 +338,7 @@ def _measure(
         after = times.snapshot()
         main_cpu = process_time() - main_cpu
         main_peak = procstats.vm_hwm()
-        worker_pids = [p for p in stagetimes.pids(after) if p and p != os.getpid()]
+        worker_pids = [p for p in steps.pids(after) if p and p != os.getpid()]
         worker_peaks = [procstats.vm_hwm(p) for p in worker_pids]
         pss_values = [procstats.pss(), *(procstats.pss(p) for p in worker_pids)]
     finally:
@@ -346,7 +346,7 @@ def _measure(
         del loader
         gc.collect()  # shut the workers down now, before the next run starts its own
     run = after - before
-    per_stage = stagetimes.stage_seconds(run)
+    per_step = steps.seconds_by_step(run)
     return RunResult(
         pipeline=pipeline,
         workers=workers,
@@ -356,10 +356,10 @@ def _measure(
         batches=count,
         images=images,
         passes=passes[0],
-        stage_seconds=dict(zip(STAGES, per_stage.sum(0).tolist(), strict=True)),
-        stage_cpu_seconds=dict(zip(STAGES, stagetimes.stage_cpu_seconds(run).sum(0).tolist(), strict=True)),
-        worker_images=[int(n) for n in stagetimes.images(run).tolist()],
-        worker_busy_s=per_stage.sum(1).tolist(),
+        seconds_by_step=dict(zip(STEPS, per_step.sum(0).tolist(), strict=True)),
+        cpu_seconds_by_step=dict(zip(STEPS, steps.cpu_seconds_by_step(run).sum(0).tolist(), strict=True)),
+        worker_images=[int(n) for n in steps.images(run).tolist()],
+        worker_busy_s=per_step.sum(1).tolist(),
         ready_mean=sum(ready) / len(ready) if ready else 0.0,
         ready_max=max(ready, default=0),
         ready_none=sum(r <= 0 for r in ready) / len(ready) if ready else 0.0,

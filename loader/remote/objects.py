@@ -13,7 +13,7 @@ pass"), which ends the epoch: never a mix of two versions. Per file system::
     other    fs.cat_file, unchecked (gs://, az://...: their fsspec calls return no version)
 
 A server that answers a ranged GET with the whole object (a plain ``python -m http.server``) makes
-:meth:`RemoteObject.fetch` raise :class:`~.stream.RangesIgnored`; the reader then reads the object
+:meth:`RemoteObject.fetch` raise :class:`~.ranges.RangesIgnored`; the reader then reads the object
 from its start in one streamed GET (:meth:`RemoteObject.open_whole`), its version checked the same
 way. Local shards are plain files and never come here.
 """
@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from ..errors import ShardAccessError
-from .stream import RangesIgnored, WholeStream
+from .ranges import RangesIgnored, WholeStream
 
 __all__ = ["RemoteObject", "remote_object"]
 
@@ -105,7 +105,7 @@ class _HttpObject(RemoteObject):
 
 
 class _HttpStream:
-    """One GET of a whole HTTP object, read forward (see :class:`~.stream.WholeStream`)."""
+    """One GET of a whole HTTP object, read forward (see :class:`~.ranges.WholeStream`)."""
 
     def __init__(self, obj: _HttpObject) -> None:
         from fsspec.asyn import sync

@@ -11,7 +11,7 @@ this order::
 
 Every remote read of a shard goes through one :class:`~.objects.RemoteObject`, which checks that
 each answer comes from the version of the shard the first answer came from (HTTP and S3; see
-:mod:`.objects`). A download is a thread that streams the shard (see :mod:`.stream`) into a
+:mod:`.objects`). A download is a thread that streams the shard (see :mod:`.ranges`) into a
 reservation of the cache
 (see :mod:`.cache`), hashing it; the reader reads the partial file as it grows, so the first sample
 comes after the first chunk, not after the whole shard. :meth:`ShardSource.plan` tells the source
@@ -50,7 +50,7 @@ from imgshards.converter.remotefs import with_timeouts
 from ..errors import ConfigError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
 from .objects import RemoteObject, remote_object
-from .stream import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
+from .ranges import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
 
 __all__ = ["ShardSource"]
 

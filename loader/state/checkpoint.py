@@ -1,6 +1,6 @@
 """Resume states: what fixes an epoch's order, checked when a saved state is loaded.
 
-:class:`~imgshards.loader.ShardLoader` saves ``(epoch, finished stages, batches delivered)`` and
+:class:`~imgshards.loader.ShardLoader` saves ``(epoch, finished legs, batches delivered)`` and
 :class:`~imgshards.loader.ShardDataset`, through torchdata's ``Stateful`` protocol, one worker's
 part of that; both carry the settings below, and a state made with other settings is refused with
 the difference named (world size and worker count may differ for a ``ShardLoader``: see
@@ -86,7 +86,7 @@ def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], what: str)
 class EpochState:
     """The part of :class:`~imgshards.loader.ShardDataset` that says where its epoch is.
 
-    The epoch, the finished stages and the position live in the dataset's shared control, the one
+    The epoch, the finished legs and the position live in the dataset's shared control, the one
     record that the loader, the dataset and every worker read; the skip counters live there too.
     ``state_dict`` / ``load_state_dict`` are torchdata's ``Stateful`` protocol for one worker.
     """
@@ -195,9 +195,9 @@ class EpochState:
         num_workers = info.num_workers if info is not None else 1
         if state["num_workers"] != num_workers:
             raise ResumeError(f"num_workers: saved {state['num_workers']!r}, now {num_workers}")
-        stages = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
-        self._pending = PassPosition(int(state["epoch"]), stages, int(state["batches"]))
-        self.cursor.restore(self._pending.epoch, stages)
+        legs = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
+        self._pending = PassPosition(int(state["epoch"]), legs, int(state["batches"]))
+        self.cursor.restore(self._pending.epoch, legs)
 
     # ---- counters -------------------------------------------------------------------------------
 

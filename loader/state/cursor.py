@@ -2,10 +2,10 @@
 
 A DataLoader worker holds a copy of the dataset made once, when it starts (persistent workers keep
 it across epochs), so anything the main process decides later, the epoch, the position in it and
-the finished stages of an elastic resume, and anything a worker reports back, its skip counters and
+the finished legs of an elastic resume, and anything a worker reports back, its skip counters and
 its free batch buffers, lives in one shared ``int64`` tensor laid out as::
 
-    [epoch, start, delivered, stage count, stages (3 each), the pass's epoch, stage count and stages,
+    [epoch, start, delivered, leg count, legs (3 each), the pass's epoch, leg count and legs,
      counters (5 per worker slot), flags (8 a slot), rank, world size]
 
 The first slots are the one record of the epoch, owned by :class:`EpochCursor` (no other code
@@ -24,15 +24,15 @@ from collections.abc import Callable
 
 import torch
 
-from ..batch import BufferPool, forget_buffers, keep_buffer, kept_buffer
 from ..errors import ResumeError
+from ..pipeline.batch import BufferPool, forget_buffers, keep_buffer, kept_buffer
 
 __all__ = [
     "CORRUPT",
     "Counters",
     "FILTERED",
     "LOST",
-    "MAX_STAGES",
+    "MAX_LEGS",
     "TRUNCATED",
     "UNREADABLE",
     "EpochCursor",
@@ -43,10 +43,10 @@ __all__ = [
 # the samples its plan held that no shard gave it (truncated or unreadable), and those a user stage dropped.
 CORRUPT, TRUNCATED, UNREADABLE, LOST, FILTERED = 0, 1, 2, 3, 4
 
-MAX_STAGES = 16  # topology changes (elastic resumes) within one epoch
-_EPOCH, _RESUME, _DELIVERED, _NSTAGES, _STAGES = 0, 1, 2, 3, 4
-_PASS = _STAGES + 3 * MAX_STAGES  # the running pass's [epoch, stage count, stages]
-_COUNTERS = _PASS + 2 + 3 * MAX_STAGES
+MAX_LEGS = 16  # topology changes (elastic resumes) within one epoch
+_EPOCH, _RESUME, _DELIVERED, _NLEGS, _LEGS = 0, 1, 2, 3, 4
+_PASS = _LEGS + 3 * MAX_LEGS  # the running pass's [epoch, leg count, legs]
+_COUNTERS = _PASS + 2 + 3 * MAX_LEGS
 _MAX_WORKER_SLOTS = 256
 _PER_WORKER = 5
 _POOL_BUFFERS = 8
@@ -80,7 +80,7 @@ class EpochCursor:
     @property
     def legs(self) -> tuple[tuple[int, int, int], ...]:
         """The epoch's finished legs ``(world_size, num_workers, batches)`` (see :mod:`..epoch.elastic`)."""
-        return self._read_legs(_NSTAGES)
+        return self._read_legs(_NLEGS)
 
     @property
     def delivered(self) -> int:
@@ -95,12 +95,12 @@ class EpochCursor:
         ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
         read it as it was (the pass's own record, :meth:`pass_state`).
         """
-        if len(legs) > MAX_STAGES:
-            raise ResumeError(f"more than {MAX_STAGES} topology changes within epoch {epoch}")
+        if len(legs) > MAX_LEGS:
+            raise ResumeError(f"more than {MAX_LEGS} topology changes within epoch {epoch}")
         self._t[_EPOCH] = epoch
-        self._t[_NSTAGES] = len(legs)
+        self._t[_NLEGS] = len(legs)
         if legs:
-            self._t[_STAGES : _STAGES + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
+            self._t[_LEGS : _LEGS + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
         self._t[_DELIVERED] = delivered
         if not mid_pass:
             self.begin_pass()
@@ -143,7 +143,7 @@ class EpochCursor:
 
     def _fix_pass(self, resume: int) -> None:
         self._t[_PASS] = self._t[_EPOCH]
-        self._t[_PASS + 1 : _COUNTERS] = self._t[_NSTAGES:_PASS]
+        self._t[_PASS + 1 : _COUNTERS] = self._t[_NLEGS:_PASS]
         self._t[_RESUME] = resume
 
     def _read_legs(self, at: int) -> tuple[tuple[int, int, int], ...]:

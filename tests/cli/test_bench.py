@@ -10,7 +10,7 @@ from imgshards.cli.bench import DECODE_ON, PRESETS
 from imgshards.cli.main import cli
 
 pytestmark = pytest.mark.filterwarnings(
-    # torchvision 0.29 deprecates its codecs; the loader still uses decode_jpeg (see loader/decode.py)
+    # torchvision 0.29 deprecates its codecs; the loader still uses decode_jpeg (see loader/image/decode.py)
     "ignore:The image decoding and encoding capabilities:DeprecationWarning"
 )
 
@@ -80,8 +80,8 @@ def test_json_holds_the_measurements(run, tiny_packed):
     assert r["batches"] == 5 and r["images"] == 20 and r["images_per_s"] > 0
     # Both workers made batches, timed their stages, and wrote their rows (pid and memory).
     assert len(r["worker_images"]) == 2 and all(n > 0 for n in r["worker_images"])
-    assert r["stage_seconds"]["decode"] > 0 and r["stage_seconds"]["augment"] > 0
-    assert r["stage_cpu_seconds"]["decode"] > 0 and r["cpu_share"] > 0
+    assert r["seconds_by_step"]["decode"] > 0 and r["seconds_by_step"]["augment"] > 0
+    assert r["cpu_seconds_by_step"]["decode"] > 0 and r["cpu_share"] > 0
     assert r["ready_capacity"] == 4 and 0 <= r["ready_max"] <= 4
     assert r["peak_rss_main"] > 0 and len(r["peak_rss_workers"]) == 2 and r["pss_total"] > 0
     assert point["verdict"]["bound"] in ("loader", "compute") and point["imagefolder"] is None
@@ -118,7 +118,7 @@ def test_compare_imagefolder_cold(run, tiny_tree, tiny_packed):
     (point,) = report["points"]
     ours, theirs = point["imgshards"], point["imagefolder"]
     assert theirs["pipeline"] == "imagefolder" and theirs["images"] == 16 and theirs["images_per_s"] > 0
-    assert theirs["stage_seconds"]["read"] > 0 and theirs["worker_images"][0] > 0
+    assert theirs["seconds_by_step"]["read"] > 0 and theirs["worker_images"][0] > 0
     assert point["speedup"] == pytest.approx(ours["images_per_s"] / theirs["images_per_s"])
     # --cold dropped the shards and the tree before each of the two runs.
     tree_bytes = sum(p.stat().st_size for p in tiny_tree.rglob("*") if p.is_file())
@@ -153,7 +153,7 @@ def test_decode_on_cpu_adds_the_decoders_figures_and_keeps_the_verdict(run, tiny
     device = data["points"][0]["imgshards"]["device"]
     assert device["device"] == "cpu" and device["batches"] >= 3 and device["seconds"]["decode"] > 0
     assert 0 < device["peak_bytes"] <= device["bound_bytes"] and device["cuda_max_allocated"] is None
-    assert data["points"][0]["imgshards"]["stage_seconds"]["decode"] == 0  # the workers only read
+    assert data["points"][0]["imgshards"]["seconds_by_step"]["decode"] == 0  # the workers only read
 
 
 @pytest.mark.parametrize(

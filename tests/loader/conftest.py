@@ -24,7 +24,7 @@ import webdataset as wds
 
 from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from imgshards.loader import Batch
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 # 5 classes x 23 = 115 samples: 115 mod 2 = 115 mod 3 = 1, so train mode drops one sample at world
 # size 2 and 3, and batch size 8 leaves partial batches and workers with unequal batch counts.
@@ -34,7 +34,7 @@ NUM_SAMPLES = CLASSES * PER_CLASS
 
 def pytest_configure(config):
     # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_jpeg still is the
-    # libjpeg-turbo path the loader is specified to use (see loader/decode.py).
+    # libjpeg-turbo path the loader is specified to use (see loader/image/decode.py).
     config.addinivalue_line(
         "filterwarnings", "ignore:The image decoding and encoding capabilities:DeprecationWarning"
     )

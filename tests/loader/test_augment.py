@@ -2,8 +2,9 @@
 
 The views (crop box, flip, colour) are the same by construction: drawn once on the host and given
 to both. The pixels differ by the resize filter (``roi_align``'s box average of bilinear samples
-against ``interpolate``'s antialiased triangle): the tolerance is the one :mod:`imgshards.loader.augment`
-states: mean absolute difference under 2 levels of 255, 99% of values within 8 levels.
+against ``interpolate``'s antialiased triangle): the tolerance is the one
+:mod:`imgshards.loader.device.augment` states: mean absolute difference under 2 levels of 255,
+99% of values within 8 levels.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from imgshards.loader import DecodeOn, ShardDataset, make_loader, preset, to_device
-from imgshards.loader.augment import augment_batch, augment_groups, by_width, canvas_bytes
-from imgshards.loader.presets import View
+from imgshards.loader.device.augment import augment_batch, augment_groups, by_width, canvas_bytes
+from imgshards.loader.image.presets import View
 
 MEAN_TOLERANCE, P99_TOLERANCE = 2.0, 8
 

@@ -22,7 +22,7 @@ from imgshards.converter import PackConfig, pack
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
-from imgshards.loader.batch import pool_token
+from imgshards.loader.pipeline.batch import pool_token
 
 IDENTITY = torch.nn.Identity()
 
@@ -428,7 +428,7 @@ def test_spawned_workers_give_the_same_batches(packed_many, lookup_many):
 
 
 def test_a_dropped_dataset_unmaps_the_buffers_kept_for_its_workers(packed_many):
-    from imgshards.loader import batch as batches
+    from imgshards.loader.pipeline import batch as batches
 
     ds = dataset(packed_many, batch_size=4)
     loader = make_loader(ds, num_workers=2, persistent_workers=True)

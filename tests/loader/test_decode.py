@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from imgshards.loader import CorruptImageError
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 
 def encode(image: Image.Image, fmt: str) -> bytes:

@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 
 from imgshards.loader import ConfigError, CorruptImageError, DecodeOn, ShardDataset, make_loader, to_device
-from imgshards.loader.decode import jpeg_header
-from imgshards.loader.presets import _color_matrix, _color_matrix_on_device
+from imgshards.loader.image.decode import jpeg_header
+from imgshards.loader.image.presets import _color_matrix, _color_matrix_on_device
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

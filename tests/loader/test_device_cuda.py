@@ -26,8 +26,8 @@ import torch
 from PIL import Image
 
 from imgshards.loader import DecodeOn, ShardDataset, make_loader, to_device
-from imgshards.loader.backends import default_backend
-from imgshards.loader.streams import CudaOrdering
+from imgshards.loader.device.backends import default_backend
+from imgshards.loader.device.streams import CudaOrdering
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

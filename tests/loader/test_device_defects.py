@@ -22,14 +22,13 @@ from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from imgshards.loader import ConfigError, DecodeOn, ShardDataset, make_loader, preset, to_device
-from imgshards.loader.augment import canvas_bytes
-from imgshards.loader.backends import default_backend
-from imgshards.loader.batch import BufferPool, collate, pool_token
-from imgshards.loader.decode import decode, jpeg_header
-from imgshards.loader.device import DeviceDecoder
-from imgshards.loader.devicememory import LARGE_SEGMENT, SMALL_SEGMENT, bound, rounded
-from imgshards.loader.offload import raw_batch
-from imgshards.loader.probe import probe
+from imgshards.loader.device.augment import canvas_bytes
+from imgshards.loader.device.backends import default_backend, probe
+from imgshards.loader.device.decoder import DeviceDecoder
+from imgshards.loader.device.memory import LARGE_SEGMENT, SMALL_SEGMENT, bound, rounded
+from imgshards.loader.device.offload import raw_batch
+from imgshards.loader.image.decode import decode, jpeg_header
+from imgshards.loader.pipeline.batch import BufferPool, collate, pool_token
 
 # ---- helpers -------------------------------------------------------------------------------------
 
@@ -103,7 +102,7 @@ def test_1_pool_token_reads_the_trailer_on_the_cpu_whatever_the_default_device()
 
 
 class Recorder:
-    """Stands for :class:`~imgshards.loader.streams.CudaOrdering`: logs each call, in order."""
+    """Stands for :class:`~imgshards.loader.device.streams.CudaOrdering`: logs each call, in order."""
 
     def __init__(self, device) -> None:
         self.log: list[tuple] = []

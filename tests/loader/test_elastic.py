@@ -66,6 +66,6 @@ def test_remaining_is_computed_from_indices_and_same_topology_needs_no_stage(pac
     ds = ShardDataset(packed_many, batch_size=BATCH, world_size=3, rank=0)
     left = elastic.remaining(ds._layout, 0, ((3, 2, 4),))
     assert len(left) == ds.num_samples - ds.num_samples % 3 - 3 * 4 * BATCH
-    samples, batches = elastic.stage_counts(len(left), 2, BATCH)
+    samples, batches = elastic.leg_counts(len(left), 2, BATCH)
     assert sum(samples) == len(left) and max(samples) - min(samples) <= 1
     assert batches == -(-max(samples) // BATCH)

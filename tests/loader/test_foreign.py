@@ -13,7 +13,7 @@ import torch
 
 from imgshards.converter import IndexConfig, index
 from imgshards.loader import ShardDataset, make_loader
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 IDENTITY = torch.nn.Identity()
 

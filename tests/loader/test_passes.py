@@ -53,7 +53,7 @@ def test_the_elastic_replay_yields_the_positions_the_read_yields(
     legs: tuple[tuple[int, int, int], ...] = ()
     if resumed:  # a finished leg at another topology, stopped part way
         w0, n0 = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
-        batches = elastic.rank_batches(layout, epoch=epoch, stages=(), world_size=w0)
+        batches = elastic.rank_batches(layout, epoch=epoch, legs=(), world_size=w0)
         legs = ((w0, n0, data.draw(st.integers(1, max(1, batches - 1)))),)
     at = PassPosition(epoch, legs, 0, worker, workers, rank, world)
     where = _where(packed_many)

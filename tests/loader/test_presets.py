@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.nn.functional import conv2d
 
 from imgshards.loader import PRESETS, ConfigError, RandomResizedCropFlip, ScaleCropFlipColor, preset
-from imgshards.loader.presets import _color_matrix, _resize_region
+from imgshards.loader.image.presets import _color_matrix, _resize_region
 
 
 def photo(height: int, width: int, seed: int = 0) -> torch.Tensor:

@@ -11,13 +11,13 @@ import torch
 
 from imgshards.converter import PackConfig, pack
 from imgshards.loader import ConfigError, ShardDataset, make_loader
-from imgshards.loader.pipeline.stagetimes import DECODE, NO_CLOCK, READ, StageTimes
-from imgshards.loader.profiling import BenchConfig, bench, procstats, stagetimes
+from imgshards.loader.pipeline.steps import DECODE, NO_CLOCK, READ, STEPS, StepTimes
+from imgshards.loader.profiling import BenchConfig, bench, procstats, steps
 from imgshards.loader.profiling.report import LOADER_BOUND_WAIT, BenchPoint, RunResult, Verdict
 
 
 def test_clock_adds_up_stage_seconds_and_publishes_per_batch():
-    times = StageTimes(1)
+    times = StepTimes(1)
     clock = times.clock()
     slow = clock.timed(DECODE, lambda x: time.sleep(0.05) or x)
     items = list(clock.timed_iter(READ, iter(range(3))))
@@ -25,15 +25,15 @@ def test_clock_adds_up_stage_seconds_and_publishes_per_batch():
     assert times.batches() == 0  # nothing published before the batch is done
     clock.batch_done(images=2)
     snap = times.snapshot()
-    assert times.batches() == 1 and stagetimes.images(snap).tolist() == [2]
-    assert stagetimes.stage_seconds(snap)[0, DECODE] >= 0.05
-    assert stagetimes.pids(snap) == [os.getpid()]
-    cpu = stagetimes.stage_cpu_seconds(snap)[0]
+    assert times.batches() == 1 and steps.images(snap).tolist() == [2]
+    assert steps.seconds_by_step(snap)[0, STEPS.index(DECODE)] >= 0.05
+    assert steps.pids(snap) == [os.getpid()]
+    cpu = steps.cpu_seconds_by_step(snap)[0]
     # Sleeping takes no CPU (process_time also counts this process's other threads: leave them room).
-    assert cpu[DECODE] < 0.025 and cpu[READ] >= 0
+    assert cpu[STEPS.index(DECODE)] < 0.025 and cpu[STEPS.index(READ)] >= 0
     slow(1)
     clock.batch_done(images=3)  # the wrappers made earlier keep counting into the next batch
-    assert stagetimes.stage_seconds(times.snapshot())[0, DECODE] >= 0.10  # both sleeps counted
+    assert steps.seconds_by_step(times.snapshot())[0, STEPS.index(DECODE)] >= 0.10  # both sleeps counted
 
 
 def test_no_clock_hands_back_what_it_is_given():
@@ -42,29 +42,29 @@ def test_no_clock_hands_back_what_it_is_given():
 
 
 def test_profiled_dataset_yields_the_same_batches(packed_many):
-    def batches(profiled: bool) -> tuple[list[torch.Tensor], StageTimes | None]:
+    def batches(profiled: bool) -> tuple[list[torch.Tensor], StepTimes | None]:
         ds = ShardDataset(packed_many, batch_size=8, transform="eval", image_size=32)
-        ds.stage_times = StageTimes(1) if profiled else None
-        return [b.images for b in ds], ds.stage_times
+        ds.step_times = StepTimes(1) if profiled else None
+        return [b.images for b in ds], ds.step_times
 
     plain, _ = batches(False)
     timed, times = batches(True)
     assert len(plain) == len(timed) and all(torch.equal(a, b) for a, b in zip(plain, timed, strict=True))
     assert times is not None and times.batches() == len(timed)
     snap = times.snapshot()
-    assert stagetimes.images(snap).sum() == sum(len(b) for b in timed)
-    assert (stagetimes.stage_seconds(snap) > 0).all()
+    assert steps.images(snap).sum() == sum(len(b) for b in timed)
+    assert (steps.seconds_by_step(snap) > 0).all()
 
 
 def test_each_worker_writes_its_own_row(packed_many):
     ds = ShardDataset(packed_many, batch_size=8, transform="eval", image_size=32)
-    ds.stage_times = StageTimes(2)
+    ds.step_times = StepTimes(2)
     loader = make_loader(ds, num_workers=2, persistent_workers=False)
     seen = sum(len(b.images) for b in loader)
-    snap = ds.stage_times.snapshot()
-    pids = stagetimes.pids(snap)
+    snap = ds.step_times.snapshot()
+    pids = steps.pids(snap)
     assert len(set(pids)) == 2 and os.getpid() not in pids
-    assert stagetimes.images(snap).sum() == seen and (stagetimes.images(snap) > 0).all()
+    assert steps.images(snap).sum() == seen and (steps.images(snap) > 0).all()
 
 
 def run_result(**fields) -> RunResult:
@@ -77,10 +77,10 @@ def run_result(**fields) -> RunResult:
         batches=100,
         images=6400,
         passes=1,
-        stage_seconds={"read": 1.0, "decode": 2.0, "augment": 1.0, "collate": 0.0},
+        seconds_by_step={"read": 1.0, "decode": 2.0, "augment": 1.0, "collate": 0.0},
         worker_images=[3200, 3200],
         worker_busy_s=[5.0, 5.0],
-        stage_cpu_seconds={"read": 0.5, "decode": 2.0, "augment": 1.0, "collate": 0.0},
+        cpu_seconds_by_step={"read": 0.5, "decode": 2.0, "augment": 1.0, "collate": 0.0},
         ready_mean=1.0,
         ready_max=4,
         ready_none=0.1,
@@ -112,7 +112,7 @@ def test_halves_add_up():
     both = RunResult.combine([a, b])
     assert (both.batches, both.images, both.seconds, both.wait_s, both.segments) == (400, 25600, 20.0, 3.0, 2)
     assert both.ready_mean == pytest.approx(2.5) and both.peak_rss_workers == [7, 8]
-    assert both.worker_images == [6400, 6400] and both.stage_seconds["decode"] == 4.0
+    assert both.worker_images == [6400, 6400] and both.seconds_by_step["decode"] == 4.0
     assert both.images_per_s == pytest.approx(1280) and RunResult.combine([a]) is a
 
 
@@ -120,7 +120,7 @@ def test_cpu_share_tells_an_oversubscribed_machine():
     free = run_result()  # decode and augment: as much CPU as wall time; read: half its wall time
     assert free.cpu_share == pytest.approx(1.0) and not free.oversubscribed
     assert free.images_per_busy_s == pytest.approx(6400 / 10) and free.images_per_free_core_s == 6400 / 4
-    crowded = run_result(stage_cpu_seconds={"read": 0.5, "decode": 1.0, "augment": 0.5, "collate": 0.0})
+    crowded = run_result(cpu_seconds_by_step={"read": 0.5, "decode": 1.0, "augment": 0.5, "collate": 0.0})
     assert crowded.cpu_share == pytest.approx(0.5) and crowded.oversubscribed
     assert crowded.images_per_free_core_s == pytest.approx(6400 / 2.5)
     point = BenchPoint(workers=2, imgshards=free, imagefolder=run_result(images=5000))

@@ -1,5 +1,5 @@
 """Large JPEGs decoded at the scale a preset's view needs: the same views, the same images within
-PSNR 30 dB of the full decode, the same draws; everything else the usual way (loader/scaled.py)."""
+PSNR 30 dB of the full decode, the same draws; everything else the usual way (loader/image/scaled.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 from imgshards.loader import ShardDataset
-from imgshards.loader.decode import decode
-from imgshards.loader.presets import preset, reduction
-from imgshards.loader.scaled import scaled_decoder
+from imgshards.loader.image.decode import decode
+from imgshards.loader.image.presets import preset, reduction
+from imgshards.loader.image.scaled import scaled_decoder
 
 # Small presets keep the images small: eval at 56 resizes to 64, so it decodes at 1/2 from a
 # shorter side of 128, at 1/4 from 256, at 1/8 from 512.

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from imgshards.converter import IndexConfig, index
 from imgshards.loader import ConfigError, ShardDataset, make_loader, stages
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 IDENTITY = torch.nn.Identity()
 NAMES = ("n00000000", "n00000001", "n00000002", "n00000003")

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from imgshards.converter import IndexConfig, index
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 WORKER = Path(__file__).with_name("stages_worker.py")
 NAMES = ["n00000000", "n00000001", "n00000002", "n00000003"]

@@ -30,7 +30,7 @@ import torch
 
 from imgshards.converter import read_manifest
 from imgshards.loader import preset
-from imgshards.loader.decode import decode
+from imgshards.loader.image.decode import decode
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 

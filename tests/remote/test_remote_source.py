@@ -10,8 +10,8 @@ import pytest
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader.errors import ConfigError, ShardReadError
+from imgshards.loader.remote.ranges import RetryPolicy
 from imgshards.loader.remote.source import ShardSource
-from imgshards.loader.remote.stream import RetryPolicy
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
 CHUNK = 8192

@@ -11,7 +11,7 @@ import fsspec
 import pytest
 
 from imgshards.loader.errors import ShardReadError
-from imgshards.loader.remote.stream import RangeReader, RetryPolicy, is_transient
+from imgshards.loader.remote.ranges import RangeReader, RetryPolicy, is_transient
 
 FAST_RETRY = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05)
 CHUNK = 4096

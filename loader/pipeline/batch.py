@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "IMAGENET_MEAN",

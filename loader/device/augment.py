@@ -1,9 +1,10 @@
 """The presets applied to many images at once: crop, resize, colour and flip in a few launches.
 
-The per-image presets (:mod:`.presets`) launch about ten kernels an image; at 256 images a batch
-that is thousands of launches, more than a GPU step can hide. Here the random parameters come from
-the host (:meth:`~.presets.RandomResizedCropFlip.draw`, one :class:`~.presets.View` an image, drawn in
-sample order with the workers' generator), and the pixels go through one pass per group of images:
+The per-image presets (:mod:`..image.presets`) launch about ten kernels an image; at 256 images a
+batch that is thousands of launches, more than a GPU step can hide. Here the random parameters come
+from the host (:meth:`~..image.presets.RandomResizedCropFlip.draw`, one
+:class:`~..image.presets.View` an image, drawn in sample order with the workers' generator), and the
+pixels go through one pass per group of images:
 
 1. **Canvas**: the decoded images are copied (one copy an image, which also converts to float)
    into one float canvas, stacked vertically, each with a one-pixel border that repeats its edge,
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torchvision.ops import roi_align
 
-from .presets import (
+from ..image.presets import (
     _GRAY,
     _PCA_EIGVAL,
     _PCA_EIGVEC,
@@ -152,7 +153,7 @@ def _canvas(images: Sequence[torch.Tensor], views: Sequence[View]) -> tuple[torc
 
 
 def _recolor(x: torch.Tensor, views: Sequence[View]) -> torch.Tensor:
-    """Jitter and lighting of each image, as :meth:`~.presets.ScaleCropFlipColor.apply` computes them.
+    """Jitter and lighting of each image, as :meth:`~..image.presets.ScaleCropFlipColor.apply` computes them.
 
     Of the matrix ``A`` and offset ``t`` the per-image preset builds step by step, only the contrast
     step reads the image (its mean gray level ``g``): before it ``t`` is 0, so ``g = w . mean`` with

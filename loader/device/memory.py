@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..pipeline.batch import Batch
 from .augment import canvas_bytes
-from .batch import Batch
 
 __all__ = ["LARGE", "LARGE_SEGMENT", "SMALL", "SMALL_SEGMENT", "Memory", "bound", "rounded"]
 

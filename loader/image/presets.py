@@ -6,7 +6,7 @@
   lighting (std 0.1), as in ``fb.resnet.torch``.
 - ``"eval"``: resize the shorter side to ``256``, centre crop ``224``. An image more than
   ``max_aspect`` (100) times longer than wide, or wider than long, is refused with
-  :class:`~.errors.ImageShapeError` (its whole-image resize would be unbounded: a 65500x1 image
+  :class:`~..errors.ImageShapeError` (its whole-image resize would be unbounded: a 65500x1 image
   asks for 16,768,000x256 pixels, 12.9 GB).
 
 ``size`` scales every number (``256`` is ``round(size * 256 / 224)``). Every preset returns a
@@ -36,7 +36,7 @@ back on a rerun and after a mid-epoch resume. Every draw names the CPU (``device
 unseeded CUDA one. A preset splits into :meth:`draw` (the random parameters of one image, a
 :class:`View`, from its size alone) and :meth:`apply`; ``preset(img)`` is ``apply(img, draw(h, w))``,
 so the training process can draw a batch's views on the host, in sample order, with the workers'
-generator, and apply them in one batched pass on a GPU (:mod:`.augment`).
+generator, and apply them in one batched pass on a GPU (:mod:`..device.augment`).
 
 A view also says how small the image may be decoded (:func:`reduction`): a 12 MP photo's view
 needs a quarter of its resolution or less. :meth:`apply_reduced` applies a view drawn from the
@@ -58,8 +58,8 @@ import torch
 from PIL import Image
 from torch.nn.functional import conv2d, interpolate
 
+from ..errors import ConfigError, ImageShapeError
 from .decode import Reduced
-from .errors import ConfigError, ImageShapeError
 
 __all__ = [
     "PRESETS",
@@ -408,7 +408,7 @@ class ResizeCenterCrop:
     """Resize the shorter side to ``round(size * 256 / 224)``, centre crop ``size``: torchvision's eval.
 
     The whole image is resized, so the work grows with its aspect ratio: one more than
-    ``max_aspect`` to 1 (either way) is refused with :class:`~.errors.ImageShapeError`, which bounds
+    ``max_aspect`` to 1 (either way) is refused with :class:`~..errors.ImageShapeError`, which bounds
     the resized image to ``max_aspect * resize**2`` pixels (19.7 MB at the defaults).
     """
 

@@ -35,7 +35,7 @@ from imgshards.converter.headers import (
     too_many_scans,
 )  # one JPEG header walker, the converter's
 
-from .errors import CorruptImageError
+from ..errors import CorruptImageError
 
 __all__ = ["JPEG_DECODER", "JpegHeader", "OpenJpeg", "Reduced", "decode", "jpeg_header", "open_jpeg"]
 

@@ -37,7 +37,7 @@ from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource
 from imgshards.converter.tarsamples import SampleReader, TarSample, sample_problem
 from imgshards.converter.tarstream import TarStream
 
-from .errors import CorruptImageError, ShardReadError
+from ..errors import CorruptImageError, ShardReadError
 
 __all__ = ["RawSample", "ShardFormatError", "image_member", "read_run", "sample_shard"]
 

@@ -2,7 +2,7 @@
 
 With ``ShardDataset(..., decode_on="cuda")`` the DataLoader workers only read, shuffle and batch raw
 bytes (:class:`~.offload.RawBatch`, one message per batch), and a :class:`DeviceDecoder` in the
-training process turns each into a normalized :class:`~.batch.Batch` on the device::
+training process turns each into a normalized :class:`~..pipeline.batch.Batch` on the device::
 
     producer thread:  RawBatch -> probe headers (host) -> decode (one batched call per chunk, on a
         decode stream of its own; the CPU decoder for the rest) -> draw each image's view (host,
@@ -12,58 +12,58 @@ training process turns each into a normalized :class:`~.batch.Batch` on the devi
 
 - **Same augmentation as in the workers**: the views (crop box, flip, colour) are drawn on the host
   from a CPU generator seeded from the batch's ``(seed, epoch, rank, worker, batch)``
-  (:func:`~.pipeline.augment_seed`), in sample order, from the decoded sizes: every random parameter
+  (:func:`~..pipeline.augment_seed`), in sample order, from the decoded sizes: every random parameter
   is the one a worker draws. With ``augment="per_image"`` (the default on the CPU) the preset runs
   image by image and ``decode_on="cpu"`` gives ``to_device(batch from the workers)`` bit for bit;
   with ``augment="batched"`` (the default on a GPU, :mod:`.augment`) the pixels differ from the
   per-image presets by the resize filter (the tolerance is stated there).
-- **Fallbacks** (:mod:`.probe`): non-JPEG, CMYK, progressive, truncated and unparsable files go
+- **Fallbacks** (:mod:`.backends`): non-JPEG, CMYK, progressive, truncated and unparsable files go
   to the workers' CPU decoder, so the GPU keeps exactly the samples the workers keep. A batched call
   the decoder refuses is halved until the refused images are alone (``log2(n)`` calls for one bad
   image); those go to the CPU decoder, and what it cannot read is a
-  :class:`~.errors.CorruptImageError` (raised, or skipped and counted). Out-of-memory and device
+  :class:`~..errors.CorruptImageError` (raised, or skipped and counted). Out-of-memory and device
   errors propagate, never retried.
 - **Overlap**: all of a batch's host work (the DataLoader's ``next()``, probes, draws, launches, CPU
-  fallbacks) runs in a producer thread (:mod:`.producer`), ``ahead`` batches ahead; the training
+  fallbacks) runs in a producer thread (:class:`Producer`), ``ahead`` batches ahead; the training
   thread's ``next()`` takes a ready batch. On a GPU the streams and events follow :mod:`.streams`.
   A custom transform (not a preset) draws from torch's default generator, shared with the training
   thread, so it runs in the training thread, image by image.
 - **Bounded memory**: a decode call gets at most ``max_decoded_bytes`` of pixels (a larger image
   goes alone), the batched augment's canvas at most four times that, and at most ``ahead + 2``
-  batches exist; :attr:`DeviceDecoder.stats` has the peak and the bound (:mod:`.devicememory`).
+  batches exist; :attr:`DeviceDecoder.stats` has the peak and the bound (:mod:`.memory`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
+from ..epoch.seeds import augment_seed
+from ..errors import ConfigError, CorruptImageError, ImageShapeError
+from ..image.presets import PRESETS, Transform, View
+from ..pipeline.batch import Batch, to_device
+from ..pipeline.read import seeded
+from ..pipeline.steps import AUGMENT, DECODE, NORMALIZE
+from ..state.cursor import CORRUPT
 from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
-from .backends import Backend, decode_sample, default_backend
-from .batch import Batch, to_device
-from .decoderstats import AUGMENT, DECODE, NORMALIZE, DecoderStats, Marks
-from .devicememory import Memory, bound, rounded
-from .epoch.seeds import augment_seed
-from .errors import ConfigError, CorruptImageError, ImageShapeError
+from .backends import Backend, Probe, chunks, decode_sample, default_backend, probe
+from .memory import Memory, bound, rounded
 from .offload import DecodeOn, RawBatch
-from .pipeline.read import seeded
-from .presets import PRESETS, Transform, View
-from .probe import Probe, chunks, probe
-from .producer import Producer
-from .state.cursor import CORRUPT
+from .stats import DecoderStats, Marks
 from .streams import Ordering, ordering_for, resolve
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset
+    from ..dataset import ShardDataset
 
-__all__ = ["DecoderStats", "DeviceDecoder"]
+__all__ = ["DecoderStats", "DeviceDecoder", "Producer"]
 
 
 class DeviceDecoder:
@@ -384,7 +384,7 @@ class DeviceDecoder:
         return out
 
     def _bound(self, raw: RawBatch, probes: Sequence[Probe], batch: Batch) -> int:
-        """What the design bounds the memory by, for batches like ``batch`` (:func:`.devicememory.bound`)."""
+        """What the design bounds the memory by, for batches like ``batch`` (:func:`.memory.bound`)."""
         shapes = [(p.height, p.width) for p in probes]
         return bound(
             shapes,
@@ -412,3 +412,114 @@ class DeviceDecoder:
 
 def _shape(image: torch.Tensor) -> tuple[int, int]:
     return int(image.shape[-2]), int(image.shape[-1])
+
+
+# ---- the producer thread ----------------------------------------------------------------------
+# A producer thread that fills a bounded ring of ready items, so the consumer's ``next()`` only takes one.
+#
+# The training process's decoder (above) runs its whole per-batch work (the DataLoader's
+# ``next()``, the header probes, the parameter draws, the decode and augment launches, the CPU
+# fallbacks) in this thread: the training thread's ``next()`` costs a queue ``get`` while a batch is
+# ready. An exception in the producer (an out-of-memory error, a corrupt image with
+# ``on_error="raise"``) is raised in the consumer at the position where its item would have come,
+# with its own type and traceback.
+
+T = TypeVar("T")
+_POLL = 0.1  # seconds between looks at the stop flag while the ring is full
+
+
+class _End:
+    pass
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Producer(Generic[T]):
+    """Iterate ``items`` in a thread, at most ``depth`` ready items ahead of the consumer.
+
+    Args:
+        items: A callable giving the iterator to run in the thread (so that even ``iter()`` runs there).
+        depth: Ready items the ring holds (>= 1); the producer makes one more and waits to put it.
+        name: The thread's name.
+        setup: Called first in the thread (e.g. ``torch.cuda.set_device``).
+
+    Use as an iterator, and :meth:`close` it (or leave the ``with`` block) when done early: the
+    thread stops after the item it is making.
+
+    """
+
+    def __init__(
+        self,
+        items: Callable[[], Iterable[T]],
+        *,
+        depth: int,
+        name: str = "imgshards-producer",
+        setup: Callable[[], None] | None = None,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"a producer's ring holds at least one item, got depth={depth}")
+        self._ring: queue.Queue[T | _End | _Failed] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, args=(items, setup), name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item: T | _End | _Failed) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._ring.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Callable[[], Iterable[T]], setup: Callable[[], None] | None) -> None:
+        try:
+            if setup is not None:
+                setup()
+            for item in items():
+                if not self._put(item):
+                    return
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(_Failed(e))
+            return
+        self._put(_End())
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._ring.get()
+        if isinstance(item, _End):
+            self._done = True
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self._done = True
+            raise item.error
+        return item
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the thread after its current item and wait for it (``timeout`` seconds at most)."""
+        self._done = True
+        self._stop.set()
+        while self._thread.is_alive():
+            try:  # empty the ring so a put in progress returns
+                while True:
+                    self._ring.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=_POLL)
+            timeout -= _POLL
+            if timeout <= 0:
+                break
+
+    def __enter__(self) -> Producer[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

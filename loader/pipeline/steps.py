@@ -1,21 +1,24 @@
-"""Per-worker stage clocks in shared memory: where a DataLoader worker's time goes, read from outside.
+"""Per-worker step clocks in shared memory: where a DataLoader worker's time goes, read from outside.
 
-A :class:`StageTimes` is a small shared-memory table, one row per worker process, holding for each
-stage (read, decode, augment, collate) the wall time and the CPU time that worker spent in it, the
+A :class:`StepTimes` is a small shared-memory table, one row per worker process, holding for each
+step (read, decode, augment, collate) the wall time and the CPU time that worker spent in it, the
 batches and images it finished, and its pid. Wall time is what the training loop feels; the CPU
-time next to it tells why a stage took it: a read whose wall time far exceeds its CPU time waited
+time next to it tells why a step took it: a read whose wall time far exceeds its CPU time waited
 for storage, a decode that does waited for a core (a machine running more busy processes than it
-has cores). The loader fills the table only when one is attached (``ShardDataset.stage_times``, set
+has cores). The loader fills the table only when one is attached (``ShardDataset.step_times``, set
 by :mod:`imgshards.loader.profiling` before the workers start); otherwise the pipeline gets
 :data:`NO_CLOCK`, whose wrappers hand back the very functions and iterators they are given, so an
 unprofiled loader runs exactly the code it runs without this module.
 
-Inside a worker, a :class:`StageClock` adds up seconds in plain Python floats around each timed call
+Inside a worker, a :class:`StepClock` adds up seconds in plain Python floats around each timed call
 (``perf_counter`` and ``process_time``, about 2 microseconds a call, under 0.2% of decoding and
 augmenting an ImageNet-sized image) and writes them to its row once per finished batch, just before
 the batch is handed to the DataLoader: so the main process can count the batches made but not yet
 consumed (the prefetch queue) from the same table. ``process_time`` counts all the threads of the
 process, so it includes torch's intra-op threads where they run (the main process, with no workers).
+
+This module names the steps, for the workers' table and the training process's decoder alike
+(:class:`~imgshards.loader.device.stats.DecoderStats`, whose steps are decode, augment, normalize).
 
 Rows are written by one process each and read by the main process without a lock: a read can catch a
 row between the seconds and the batch count of one batch, which moves a figure by one batch at most.
@@ -35,31 +38,34 @@ __all__ = [
     "AUGMENT",
     "COLLATE",
     "DECODE",
+    "NORMALIZE",
     "NO_CLOCK",
     "READ",
-    "STAGES",
+    "STEPS",
     "NoClock",
-    "StageClock",
-    "StageTimes",
+    "StepClock",
+    "StepTimes",
+    "cpu_seconds_by_step",
     "images",
     "pids",
-    "stage_cpu_seconds",
-    "stage_seconds",
+    "seconds_by_step",
 ]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., object])
 
-STAGES: tuple[str, ...] = ("read", "decode", "augment", "collate")
-READ, DECODE, AUGMENT, COLLATE = range(4)
-# A row: wall seconds per stage, CPU seconds per stage, then these.
-_N = len(STAGES)
+READ, DECODE, AUGMENT, COLLATE = "read", "decode", "augment", "collate"
+NORMALIZE = "normalize"  # the training process's decoder only (decode_on): the workers do not normalize
+STEPS: tuple[str, ...] = (READ, DECODE, AUGMENT, COLLATE)  # the workers' steps, in table order
+_COLUMN = {step: i for i, step in enumerate(STEPS)}
+# A row: wall seconds per step, CPU seconds per step, then these.
+_N = len(STEPS)
 _BATCHES, _IMAGES, _PID = 2 * _N, 2 * _N + 1, 2 * _N + 2
 _COLUMNS = 2 * _N + 3
 
 
-class StageTimes:
-    """A shared table of per-worker stage seconds, batches and images; attach it before workers start.
+class StepTimes:
+    """A shared table of per-worker step seconds, batches and images; attach it before workers start.
 
     Args:
         workers: DataLoader worker processes (``0``: batches are made in the main process, row 0).
@@ -70,14 +76,14 @@ class StageTimes:
         # float64 holds counts and pids exactly (below 2**53).
         self.table = torch.zeros((max(workers, 1), _COLUMNS), dtype=torch.float64).share_memory_()
 
-    def clock(self) -> StageClock:
+    def clock(self) -> StepClock:
         """Return a clock writing to the row of the calling process (its DataLoader worker id)."""
         info = get_worker_info()
         row = 0 if info is None else info.id % len(self.table)
-        return StageClock(self.table[row])
+        return StepClock(self.table[row])
 
     def snapshot(self) -> torch.Tensor:
-        """A copy of the table as it is now (read it with :func:`stage_seconds` and the like)."""
+        """A copy of the table as it is now (read it with :func:`seconds_by_step` and the like)."""
         return self.table.clone()
 
     def batches(self) -> int:
@@ -85,13 +91,13 @@ class StageTimes:
         return int(self.table[:, _BATCHES].sum())
 
 
-def stage_seconds(snap: torch.Tensor) -> torch.Tensor:
-    """``[workers, len(STAGES)]`` wall seconds of a snapshot (or of a difference of two)."""
+def seconds_by_step(snap: torch.Tensor) -> torch.Tensor:
+    """``[workers, len(STEPS)]`` wall seconds of a snapshot (or of a difference of two)."""
     return snap[:, :_N]
 
 
-def stage_cpu_seconds(snap: torch.Tensor) -> torch.Tensor:
-    """``[workers, len(STAGES)]`` CPU seconds (all the process's threads) of a snapshot."""
+def cpu_seconds_by_step(snap: torch.Tensor) -> torch.Tensor:
+    """``[workers, len(STEPS)]`` CPU seconds (all the process's threads) of a snapshot."""
     return snap[:, _N : 2 * _N]
 
 
@@ -105,19 +111,20 @@ def pids(snap: torch.Tensor) -> list[int]:
     return [int(p) for p in snap[:, _PID].tolist()]
 
 
-class StageClock:
-    """Times the stages of one worker's pipeline and publishes them once per finished batch."""
+class StepClock:
+    """Times the steps of one worker's pipeline and publishes them once per finished batch."""
 
     __slots__ = ("_row", "_seconds")
 
     def __init__(self, row: torch.Tensor) -> None:
         self._row = row
-        self._seconds = [0.0] * (2 * _N)  # wall seconds per stage, then CPU seconds per stage
+        self._seconds = [0.0] * (2 * _N)  # wall seconds per step, then CPU seconds per step
         row[_PID] = os.getpid()
 
-    def timed(self, stage: int, fn: F) -> F:
-        """Return ``fn`` wrapped so that the time spent in it counts towards ``stage``."""
-        seconds, cpu = self._seconds, _N + stage
+    def timed(self, step: str, fn: F) -> F:
+        """Return ``fn`` wrapped so that the time spent in it counts towards ``step`` (one of ``STEPS``)."""
+        seconds, wall = self._seconds, _COLUMN[step]
+        cpu = _N + wall
 
         def run(*args: object, **kwargs: object) -> object:
             start, start_cpu = perf_counter(), process_time()
@@ -125,13 +132,14 @@ class StageClock:
                 return fn(*args, **kwargs)
             finally:
                 seconds[cpu] += process_time() - start_cpu
-                seconds[stage] += perf_counter() - start
+                seconds[wall] += perf_counter() - start
 
         return run  # type: ignore[return-value]
 
-    def timed_iter(self, stage: int, items: Iterator[T]) -> Iterator[T]:
-        """Yield from ``items``, counting the time spent getting each item towards ``stage``."""
-        seconds, cpu = self._seconds, _N + stage
+    def timed_iter(self, step: str, items: Iterator[T]) -> Iterator[T]:
+        """Yield from ``items``, counting the time spent getting each item towards ``step``."""
+        seconds, wall = self._seconds, _COLUMN[step]
+        cpu = _N + wall
         while True:
             start, start_cpu = perf_counter(), process_time()
             try:
@@ -140,7 +148,7 @@ class StageClock:
                 return
             finally:
                 seconds[cpu] += process_time() - start_cpu
-                seconds[stage] += perf_counter() - start
+                seconds[wall] += perf_counter() - start
             yield item
 
     def batch_done(self, images: int) -> None:
@@ -158,11 +166,11 @@ class NoClock:
 
     __slots__ = ()
 
-    def timed(self, stage: int, fn: F) -> F:
+    def timed(self, step: str, fn: F) -> F:
         """Return ``fn`` itself."""
         return fn
 
-    def timed_iter(self, stage: int, items: Iterator[T]) -> Iterator[T]:
+    def timed_iter(self, step: str, items: Iterator[T]) -> Iterator[T]:
         """Return ``items`` itself."""
         return items
 

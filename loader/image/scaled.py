@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ImageShapeError
 from .decode import OpenJpeg, Reduced, jpeg_header, open_jpeg
-from .errors import ImageShapeError
 from .presets import RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, Transform, View, reduction
 
 __all__ = ["ScaledDecoder", "scaled_decoder"]
