@@ -25,7 +25,7 @@ the classes of the sources before it, and :attr:`MixedDataset.classes` lists the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any

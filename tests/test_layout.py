@@ -1,16 +1,33 @@
-"""The code stays laid out by concern: no import cycle between modules, the converter apart from the
-loader, the data path apart from the benchmark package, every folder saying what it holds.
+"""The code stays laid out by concern, so a newcomer can find their way in loader/ (issue 32).
 
-A module is as long as its one concern needs: there is no line cap (files cut at a cap split concerns).
+- No import cycle in loader/, counting every import: deferred ones (in a function) and those under
+  ``if TYPE_CHECKING:`` too, since each is a dependency a reader has to hold in mind.
+- The converter apart from the loader and the CLI; the data path apart from the benchmark package.
+- One word per meaning: no identifier with "stage" in it in ``epoch/``, ``state/`` or
+  ``profiling/`` (a stage is a pipeline callable); no two loader modules whose names differ by
+  one letter (``stream`` beside ``streams``).
+- loader/'s top level at most 14 entries; every package's ``__init__`` says what it holds.
+
+Run as a script, it prints loader/'s import cycles, each import with its line and kind::
+
+    python tests/test_layout.py
 """
 
-import ast
-from pathlib import Path
+from __future__ import annotations
 
-import pytest
+import ast
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass
+from itertools import combinations, pairwise
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"converter": "imgshards.converter", "loader": "imgshards.loader", "cli": "imgshards.cli"}
+LOADER = "imgshards.loader"
+ONE_MEANING = ("epoch", "state", "profiling")  # loader/ folders where "stage" names nothing
+MAX_TOP_LEVEL = 14
 
 
 def _module_name(path: Path) -> str:
@@ -21,26 +38,115 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> imgshards modules it imports when loaded (module level, not TYPE_CHECKING)."""
-    modules = {_module_name(p): p for f in FOLDERS for p in (ROOT / f).rglob("*.py")}
-    graph: dict[str, set[str]] = {}
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for f in FOLDERS for p in sorted((ROOT / f).rglob("*.py"))}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's dependency of ``source`` on ``target``."""
+
+    source: str
+    target: str
+    path: Path
+    line: int
+    kind: str  # "module level", "deferred" (run when a function is called) or "TYPE_CHECKING"
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target}  ({self.path.relative_to(ROOT)}:{self.line}, {self.kind})"
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _Imports(ast.NodeVisitor):
+    """Every import of one module, with the kind of place it sits in."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[ast.Import | ast.ImportFrom, str]] = []
+        self.kind = "module level"
+
+    def _within(self, kind: str, nodes: list[ast.stmt]) -> None:
+        # The outermost place names the kind: a function under TYPE_CHECKING is TYPE_CHECKING, an
+        # `if TYPE_CHECKING:` in a function deferred.
+        outer = self.kind
+        if outer == "module level":
+            self.kind = kind
+        for node in nodes:
+            self.visit(node)
+        self.kind = outer
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._within("deferred", node.body)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node.test):
+            self._within("TYPE_CHECKING", node.body)
+            self._within(self.kind, node.orelse)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        self.found.append((node, self.kind))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self.visit_Import(node)
+
+
+def _targets(
+    node: ast.Import | ast.ImportFrom, name: str, is_package: bool, modules: dict[str, Path]
+) -> set[str]:
+    """The imgshards modules an import runs, seen from module ``name``.
+
+    ``import a.b.c`` and ``from a.b.c import x`` run ``a``, ``a.b`` and ``a.b.c`` (each package's
+    ``__init__``), and ``a.b.c.x`` too where ``x`` is a module. The importer's own packages are left
+    out (they are loading already), except a package a name is read from: ``from . import x`` where
+    ``x`` is a module depends on ``x`` alone, ``from . import f`` on the package's ``__init__``.
+    """
+    if isinstance(node, ast.Import):
+        dotted = [a.name for a in node.names]
+        named: list[str] = []
+    else:
+        package = name if is_package else name.rpartition(".")[0]
+        base = package
+        for _ in range(node.level - 1):
+            base = base.rpartition(".")[0]
+        base = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+        dotted = [base]
+        named = [f"{base}.{a.name}" for a in node.names]
+    ancestors = {name.rsplit(".", n)[0] for n in range(name.count(".") + 1)}
+    found = set()
+    for full in dotted:
+        parts = full.split(".")
+        found |= {".".join(parts[:n]) for n in range(1, len(parts) + 1)} - ancestors
+    for full in named:
+        found.add(full if full in modules else full.rpartition(".")[0])
+    return {t for t in found if t in modules and t != name}
+
+
+def _imports() -> list[Import]:
+    """Every import between imgshards modules, wherever it sits in the importing module."""
+    modules = _modules()
+    found = []
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges = set()
-        for node in ast.parse(path.read_text()).body:  # module level only
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = package
-                for _ in range(node.level - 1):
-                    base = base.rpartition(".")[0]
-                base = f"{base}.{node.module}" if node.level and node.module else (node.module or base)
-                # `from . import x` and `from .pkg import mod` import modules; `from .m import f` imports m.
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            edges.update(t for t in targets if t in modules and t != name)
-        graph[name] = edges
+        visitor = _Imports()
+        visitor.visit(ast.parse(path.read_text(), str(path)))
+        for node, kind in visitor.found:
+            for target in sorted(_targets(node, name, path.name == "__init__.py", modules)):
+                found.append(Import(name, target, path, node.lineno, kind))
+    return found
+
+
+def _import_graph(imports: list[Import] | None = None) -> dict[str, set[str]]:
+    """Module -> imgshards modules it imports, every import counted."""
+    graph: dict[str, set[str]] = {name: set() for name in _modules()}
+    for i in _imports() if imports is None else imports:
+        graph[i.source].add(i.target)
     return graph
 
 
@@ -66,56 +172,239 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_between_modules():
-    graph = _import_graph()
-    assert "imgshards.loader.remote.source" in graph["imgshards.loader.dataset"] or any(
-        m.startswith("imgshards.loader.remote") for m in graph["imgshards.loader.dataset"]
-    )
+def _shortest_path(graph: dict[str, set[str]], start: str, goal: str) -> list[str] | None:
+    """The shortest path ``start`` ... ``goal`` (breadth first), or None."""
+    came_from: dict[str, str] = {start: start}
+    frontier = [start]
+    while frontier and goal not in came_from:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] - came_from.keys()):
+                came_from[nxt] = node
+                following.append(nxt)
+        frontier = following
+    if goal not in came_from:
+        return None
+    path = [goal]
+    while path[-1] != start:
+        path.append(came_from[path[-1]])
+    return path[::-1]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """For every import on a cycle, the shortest cycle through it; each cycle once (from its least
+    module). So every import that closes a cycle is shown, however short another cycle is."""
+    found = set()
+    for source in sorted(graph):
+        for target in sorted(graph[source]):
+            if (back := _shortest_path(graph, target, source)) is not None:
+                ring = [source, *back[:-1]]
+                least = ring.index(min(ring))
+                found.add((*ring[least:], *ring[:least], ring[least]))
+    return [list(c) for c in sorted(found, key=lambda c: (len(c), c))]
+
+
+def _loader_imports() -> list[Import]:
+    return [i for i in _imports() if i.source.startswith(LOADER) and i.target.startswith(LOADER)]
+
+
+def _describe(cycle: list[str], imports: list[Import]) -> str:
+    lines = [" -> ".join(m.removeprefix(f"{LOADER}.") for m in cycle)]
+    for source, target in pairwise(cycle):
+        lines += [f"    {i}" for i in imports if (i.source, i.target) == (source, target)]
+    return "\n".join(lines)
+
+
+def loader_cycles() -> list[str]:
+    """loader/'s import cycles, each with the imports that close it."""
+    imports = _loader_imports()
+    return [_describe(c, imports) for c in _cycles(_import_graph(imports))]
+
+
+def test_no_import_cycle_in_the_loader():
+    # Counted: deferred imports and those under TYPE_CHECKING. A cycle through the converter or the
+    # CLI cannot be: the converter never imports the loader (below), nothing in loader/ the CLI.
+    imports = _loader_imports()
+    assert any(i.target.startswith(f"{LOADER}.remote") for i in imports if i.source == f"{LOADER}.dataset")
+    cycles = loader_cycles()
+    assert not cycles, "import cycles in loader/ (python tests/test_layout.py):\n" + "\n".join(cycles)
+
+
+def test_no_import_cycle_at_module_level():
+    # The rest of the code: cycles among the imports run when a module loads.
+    graph = _import_graph([i for i in _imports() if i.kind == "module level"])
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
-def test_the_cycle_finder_finds_a_cycle():
+def test_the_cycle_finders_find_cycles():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    graph = {"a": {"b", "d"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e", "a"}}
+    assert _cycles(graph) == [["e", "e"], ["a", "d", "a"], ["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _graph_of(files: dict[str, str], tmp_path: Path, monkeypatch) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    return {
+        k.removeprefix(f"{LOADER}."): {t.removeprefix(f"{LOADER}.") for t in v}
+        for k, v in _import_graph().items()
+    }
+
+
+def test_every_import_counts(tmp_path, monkeypatch):
+    graph = _graph_of(
+        {
+            "loader/__init__.py": "from .dataset import ShardDataset\n",
+            "loader/dataset.py": "from .pipeline import passes\n",
+            "loader/stages.py": "def f():\n    from .dataset import ShardDataset\n",
+            "loader/pipeline/__init__.py": "",
+            "loader/pipeline/passes.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..decode import decode\n"
+                "from . import read\nfrom .. import stages\n"
+            ),
+            "loader/pipeline/read.py": "import imgshards.loader.epoch.order\nfrom . import helper\n",
+            "loader/epoch/__init__.py": "",
+            "loader/epoch/order.py": "",
+            "loader/decode.py": "",
+        },
+        tmp_path,
+        monkeypatch,
+    )
+    assert graph == {
+        "imgshards.loader": {"dataset"},
+        "dataset": {"pipeline", "pipeline.passes"},  # `from .pkg import mod`: the package, the module
+        "stages": {"dataset"},  # deferred
+        "pipeline": set(),
+        "pipeline.passes": {"decode", "pipeline.read", "stages"},  # TYPE_CHECKING; own package left out
+        "pipeline.read": {"epoch", "epoch.order", "pipeline"},  # `helper` is no module: a name of pipeline
+        "epoch": set(),
+        "epoch.order": set(),
+        "decode": set(),
+    }
+    assert [c.splitlines()[0] for c in loader_cycles()] == ["dataset -> pipeline.passes -> stages -> dataset"]
 
 
 def test_the_converter_never_imports_the_loader_or_the_cli():
-    graph = _import_graph()
-    wrong = {
-        (m, t)
-        for m, targets in graph.items()
-        if m.startswith("imgshards.converter")
-        for t in targets
-        if t.startswith(("imgshards.loader", "imgshards.cli"))
-    }
-    assert not wrong, wrong
+    wrong = [
+        str(i)
+        for i in _imports()
+        if i.source.startswith("imgshards.converter")
+        and i.target.startswith(("imgshards.loader", "imgshards.cli"))
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_data_path_imports_nothing_from_the_benchmark_package():
     # imgshards.loader.profiling (imgshards bench) reads the data path; never the other way round.
-    graph = _import_graph()
-    wrong = {
-        (m, t)
-        for m, targets in graph.items()
-        if m.startswith("imgshards.loader") and not m.startswith("imgshards.loader.profiling")
-        for t in targets
-        if t.startswith("imgshards.loader.profiling")
-    }
-    assert not wrong, wrong
+    profiling = f"{LOADER}.profiling"
+    wrong = [
+        str(i)
+        for i in _imports()
+        if i.source.startswith(LOADER)
+        and not i.source.startswith(profiling)
+        and i.target.startswith(profiling)
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("folder", sorted(FOLDERS))
-def test_every_package_says_what_it_holds(folder):
-    for init in (ROOT / folder).rglob("__init__.py"):
-        tree = ast.parse(init.read_text())
-        assert ast.get_docstring(tree), f"{init.relative_to(ROOT)} has no docstring saying what it holds"
+def _identifiers(tree: ast.AST) -> list[tuple[str, int]]:
+    """(identifier, line) for every name the code binds or reads; not strings, not comments."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.append((node.id, node.lineno))
+        elif isinstance(node, ast.arg):
+            found.append((node.arg, node.lineno))
+        elif isinstance(node, ast.Attribute):
+            found.append((node.attr, node.lineno))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append((node.name, node.lineno))
+        elif isinstance(node, ast.keyword) and node.arg:
+            found.append((node.arg, node.lineno))
+        elif isinstance(node, ast.alias):
+            found += [(n, node.lineno) for n in (node.name, node.asname) if n]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, node.lineno))
+    return found
+
+
+def test_stage_means_one_thing():
+    # A stage is a pipeline callable: resume legs, profiling steps and the counters of either have
+    # names of their own.
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for folder in ONE_MEANING
+        for path in sorted((ROOT / "loader" / folder).rglob("*.py"))
+        for name, line in sorted(
+            set(_identifiers(ast.parse(path.read_text(), str(path)))), key=lambda n: (n[1], n[0])
+        )
+        if "stage" in name.lower()
+    ]
+    assert not wrong, f"'stage' in an identifier in loader/{{{','.join(ONE_MEANING)}}}/:\n" + "\n".join(wrong)
+
+
+def _one_letter_apart(a: str, b: str) -> bool:
+    """Edit distance exactly 1: one letter substituted, inserted or deleted."""
+    if len(a) > len(b):
+        a, b = b, a
+    if len(b) - len(a) > 1 or a == b:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    return any(b[:i] + b[i + 1 :] == a for i in range(len(b)))
+
+
+def test_no_two_loader_modules_one_letter_apart():
+    # `stream` (HTTP ranges) beside `streams` (CUDA streams) reads as one thing twice.
+    loader = ROOT / "loader"
+    names: dict[str, list[str]] = {}
+    for path in sorted(loader.rglob("*")):
+        if "__pycache__" in path.parts or path.name == "__init__.py":
+            continue
+        if path.suffix == ".py" or (path / "__init__.py").exists():
+            names.setdefault(path.stem if path.suffix == ".py" else path.name, []).append(
+                str(path.relative_to(ROOT))
+            )
+    wrong = [
+        f"{', '.join(names[a])}  ~  {', '.join(names[b])}"
+        for a, b in combinations(sorted(names), 2)
+        if _one_letter_apart(a, b)
+    ]
+    assert not wrong, "loader modules whose names differ by one letter:\n" + "\n".join(wrong)
+
+
+def test_one_letter_apart():
+    assert _one_letter_apart("stream", "streams")
+    assert _one_letter_apart("streams", "stream")
+    assert _one_letter_apart("batch", "patch")
+    assert _one_letter_apart("read", "bread")
+    assert not _one_letter_apart("read", "reader")
+    assert not _one_letter_apart("order", "order")
+
+
+def test_the_loader_top_level_stays_small():
+    entries = sorted(e.name for e in (ROOT / "loader").iterdir() if e.name != "__pycache__")
+    assert len(entries) <= MAX_TOP_LEVEL, (
+        f"loader/ has {len(entries)} top-level entries, at most {MAX_TOP_LEVEL}: {' '.join(entries)}"
+    )
+
+
+def test_every_package_says_what_it_holds():
+    wrong = [
+        str(init.relative_to(ROOT))
+        for folder in FOLDERS
+        for init in sorted((ROOT / folder).rglob("__init__.py"))
+        if not ast.get_docstring(ast.parse(init.read_text()))
+    ]
+    assert not wrong, f"no docstring saying what the package holds: {', '.join(wrong)}"
 
 
 def test_no_name_of_the_loader_masks_one_of_its_modules():
     # `imgshards.loader.image.decode` is the module; the function is `decode_image` (or `.decode.decode`).
-    import importlib
-    import inspect
-
     for init in (ROOT / "loader").rglob("__init__.py"):
         package = importlib.import_module(_module_name(init))
         for path in init.parent.iterdir():
@@ -123,3 +412,9 @@ def test_no_name_of_the_loader_masks_one_of_its_modules():
             name = path.stem if path.suffix == ".py" else path.name if is_package else None
             if name and name != "__init__" and name in vars(package):
                 assert inspect.ismodule(vars(package)[name]), f"{package.__name__}.{name} masks its module"
+
+
+if __name__ == "__main__":
+    found = loader_cycles()
+    print("\n\n".join(found) if found else "no import cycle in loader/")
+    sys.exit(1 if found else 0)

@@ -213,7 +213,8 @@ def offload_batches(
     batches: Batches, *, epoch: int, worker: int, shared: bool, clock: StepClock | NoClock
 ) -> Iterator[RawBatch]:
     """With ``decode_on``: each batch's image bytes and labels as a :class:`RawBatch` (in shared
-    memory if ``shared``), for the training process to decode."""
+    memory if ``shared``), for the training process to decode.
+    """
     pack = clock.timed(COLLATE, raw_batch)
     for k, samples in batches:
         batch = pack(samples, epoch=epoch, worker=worker, index=k, shared=shared)

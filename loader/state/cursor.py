@@ -29,12 +29,12 @@ from ..pipeline.batch import BufferPool, forget_buffers, keep_buffer, kept_buffe
 
 __all__ = [
     "CORRUPT",
-    "Counters",
     "FILTERED",
     "LOST",
     "MAX_LEGS",
     "TRUNCATED",
     "UNREADABLE",
+    "Counters",
     "EpochCursor",
     "SharedControl",
 ]

@@ -12,7 +12,6 @@ from imgshards.converter import read_manifest
 from imgshards.loader import ShardDataset, elastic, passes
 from imgshards.loader.epoch.position import PassPosition
 
-
 _KEYS: dict[Path, dict[str, tuple[int, int]]] = {}
 
 
