@@ -24,11 +24,13 @@ from torch.utils.data import DataLoader
 from imgshards.converter.errors import ImgshardsError
 
 from .dataset import PassDataset
-from .device.decoder import DeviceDecoder
-from .errors import ConfigError, LoaderTimeoutError, ResumeError, WorkerError
+from .device.decoding import DeviceDecoder
+from .device.offload import DecodeOn
+from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, WorkerError
 from .pipeline.batch import Batch, pool_token
 from .remote.cache import end_with
-from .state.checkpoint import STATE_VERSION, check_settings, settings
+from .state.checkpoint import ResumeState
+from .state.cursor import CORRUPT
 from .workers import default_context, worker_died
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -115,8 +117,8 @@ class ShardLoader:
         self.dataset = dataset
         self.dataloader = dataloader
         self.timeout = timeout  # seconds without a batch from live workers (0: no limit)
-        # With dataset.decode_on the workers send raw batches, decoded here (device/decoder.py).
-        self.decoder = None if dataset.decode_on is None else DeviceDecoder.of(dataset)
+        # With dataset.decode_on the workers send raw batches, decoded here (device/decoding.py).
+        self.decoder = None if dataset.decode_on is None else _decoder(dataset, dataset.decode_on)
         self._loaded = False  # a state was loaded: an eval pass resumes too
         # Worker batch buffers handed out, to give back once nothing here refers to them: the
         # storage, its token, and the references to it that are not a batch's (see _give_back).
@@ -233,17 +235,10 @@ class ShardLoader:
         self._lent = still
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: epoch, finished stages, batches delivered, and what fixes the order."""
-        cursor = self.dataset.cursor
-        return {
-            "version": STATE_VERSION,
-            "epoch": cursor.epoch,
-            "stages": [list(s) for s in cursor.legs],  # the finished legs (the key of every version)
-            "batches": cursor.delivered,
-            "world_size": self.dataset.world_size,
-            "num_workers": self.num_workers,
-            **settings(self.dataset),
-        }
+        """Where this loader is: epoch, finished legs, batches delivered, and what fixes the order."""
+        cursor, ds = self.dataset.cursor, self.dataset
+        place = ResumeState(cursor.epoch, cursor.legs, cursor.delivered, ds.world_size, self.num_workers)
+        return place.encode(ds.resume_settings())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next pass: the rest of that epoch.
@@ -257,14 +252,10 @@ class ShardLoader:
                 shuffle setting (or another topology in eval mode), or is not a loader state.
 
         """
-        check_settings(state, settings(self.dataset), "ShardLoader")
-        try:
-            epoch, batches = int(state["epoch"]), int(state["batches"])
-            stages = tuple((int(w), int(n), int(k)) for w, n, k in state.get("stages", []))
-            # 0 workers is one worker in this process: the same plan as 1.
-            topology = (int(state["world_size"]), max(int(state["num_workers"]), 1))
-        except (KeyError, TypeError, ValueError):
-            raise ResumeError(f"not a ShardLoader state: {state!r}") from None
+        place = ResumeState.decode(state, self.dataset.resume_settings(), "ShardLoader")
+        legs, batches = place.legs, place.batches
+        # 0 workers is one worker in this process: the same plan as 1.
+        topology = (place.world_size, max(place.num_workers, 1))
         if topology != (self.dataset.world_size, max(self.num_workers, 1)) and batches:
             if self.dataset.mode == "eval":
                 w, n = topology
@@ -272,12 +263,28 @@ class ShardLoader:
                     f"an eval pass resumes only at the saved topology: world_size: saved {w}, now "
                     f"{self.dataset.world_size}; num_workers: saved {n}, now {self.num_workers}"
                 )
-            stages, batches = (*stages, (*topology, batches)), 0
-        self.dataset.cursor.seek(epoch, stages, 0)
+            legs, batches = (*legs, (*topology, batches)), 0
+        self.dataset.cursor.seek(place.epoch, legs, 0)
         if not 0 <= batches <= self.dataset.leg_batches():
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
-        self.dataset.cursor.seek(epoch, stages, batches)
+        self.dataset.cursor.seek(place.epoch, legs, batches)
         self._loaded = True
+
+
+def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
+    """The decoder for ``dataset``'s settings; skipped images count in ``dataset.corrupt_skipped``."""
+
+    def on_corrupt(worker: int, e: CorruptImageError) -> None:
+        dataset.count(worker, CORRUPT)
+        warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
+
+    return DeviceDecoder(
+        decode_on,
+        transform=dataset.transform,
+        seed=dataset.seed,
+        rank=dataset.rank,
+        on_corrupt=None if dataset.on_error == "raise" else on_corrupt,
+    )
 
 
 def _timed(loader: DataLoader[Any], timeout: float, workers: int) -> Iterator[Any]:

@@ -55,6 +55,9 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
 
     images: ImageSettings
     split: str
+    mode: Mode
+    batch_size: int
+    seed: int
     num_samples: int
     max_lost: float
     decode_on: DecodeOn | None
@@ -160,7 +163,13 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         info = get_worker_info()
         if info is not None and self._pool is None:
             self._pool = self._control.pool(info.id)  # made in each worker process, on its first pass
-        pool = self._pool if info is not None else None
+        return self.worker_batches(at, pool=self._pool if info is not None else None)
+
+    def worker_batches(self, at: PassPosition, *, pool: BufferPool | None = None) -> Iterator[Any]:
+        """The batches the worker of ``at`` makes in its pass, from batch ``at.first`` on.
+
+        In a DataLoader worker ``pool`` holds its batch buffers in shared memory.
+        """
         clock = NO_CLOCK if self.step_times is None else self.step_times.clock()
         counters = self.counters(at.worker)
         raw = self._raw(at, counters, clock)
@@ -438,7 +447,9 @@ class ShardDataset(PassDataset):
         rank, world_size = self._pass_ranks()
         if self.mode == "eval":
             return partition.rank_batches(self.num_samples, world_size=world_size, **self._kw())[rank]
-        return elastic.rank_batches(self.layout, epoch=self.epoch, legs=self.cursor.legs, world_size=world_size)
+        return elastic.rank_batches(
+            self.layout, epoch=self.epoch, legs=self.cursor.legs, world_size=world_size
+        )
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
@@ -447,6 +458,21 @@ class ShardDataset(PassDataset):
             self.num_samples, rank=rank, world_size=world_size, **self._kw()
         )
         return stop - start
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The settings that fix the order of this dataset's epochs, but for the topology."""
+        return {
+            "split": self.split,
+            "shards": self.shards_digest,
+            "samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "mode": self.mode,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "shuffle_initial": self.shuffle_initial,
+            "drop_last": self.drop_last,
+        }
 
     def _kw(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": self.drop_last}
@@ -461,7 +487,7 @@ class ShardDataset(PassDataset):
         return raw_pass(self.reading, at, counters, clock=clock)
 
     def raw_samples(self) -> Iterator[RawSample]:
-        """This process's raw samples of a pass starting now, every member read (:func:`.stages.samples`)."""
+        """The raw samples of a pass of this process starting now, every member (:func:`.stages.samples`)."""
         at = self.begin_pass()
         return raw_samples(self.reading, at, self.counters(at.worker))
 

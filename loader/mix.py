@@ -153,24 +153,6 @@ class MixedDataset(PassDataset):
         """Samples of the sources no rank sees in one epoch (past the shortest source's epoch)."""
         return self.num_samples - len(self) * self.world_size * self.batch_size
 
-    # What fixes the order of a part's epoch, the same in every part (given the same options); a
-    # resume state records it (.state.checkpoint.settings).
-    @property
-    def shuffle(self) -> bool:
-        return self.parts[0].layout.shuffle
-
-    @property
-    def shuffle_buffer(self) -> int:
-        return self.parts[0].layout.shuffle_buffer
-
-    @property
-    def shuffle_initial(self) -> int:
-        return self.parts[0].layout.shuffle_initial
-
-    @property
-    def drop_last(self) -> bool:
-        return True
-
     def _roots(self) -> list[Path | str]:
         return [p.root for p in self.parts]
 
@@ -191,7 +173,8 @@ class MixedDataset(PassDataset):
         world_size = self._pass_ranks()[1]
         legs = self.cursor.legs
         batches = [
-            elastic.rank_batches(p.layout, epoch=self.epoch, legs=legs, world_size=world_size) for p in self.parts
+            elastic.rank_batches(p.layout, epoch=self.epoch, legs=legs, world_size=world_size)
+            for p in self.parts
         ]
         if not legs and not min(batches):
             empty = batches.index(0)
@@ -203,8 +186,17 @@ class MixedDataset(PassDataset):
             )
         return min(batches)
 
-    def _mix_settings(self) -> dict[str, Any]:
-        return {"weights": list(self.weights), "shares": list(self.shares)}
+    def resume_settings(self) -> dict[str, Any]:
+        """The parts' order settings (the same in every part), the mix's data, batch and weights."""
+        return {
+            **self.parts[0].resume_settings(),
+            "shards": self.shards_digest,
+            "samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "weights": list(self.weights),
+            "shares": list(self.shares),
+        }
 
     def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
         """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""

@@ -8,7 +8,7 @@
 - :mod:`.streams`: the CUDA streams and events a batch's work runs on, and the rules they follow.
 - :mod:`.augment`: the presets applied to many images at once (``augment="batched"``).
 - :mod:`.memory`: the device memory of a batch, as the CUDA caching allocator counts it.
-- :mod:`.stats`: what the decoder did (batches, time per step, fallbacks, peak memory).
+- :mod:`.marks`: what the decoder did (batches, time per step, fallbacks, peak memory).
 
 What lives here may import :mod:`..image` (the CPU decoder and the presets it matches), the pass's
 :mod:`..pipeline` modules (batches, the tar reader, the per-batch seed, the step names), the

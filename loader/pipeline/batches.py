@@ -63,7 +63,9 @@ def decode_one(sample: Mapping[str, Any], decode: Callable[..., Any] = decode_im
     """The image of ``sample`` decoded; :class:`CorruptImageError` naming the sample if it has none."""
     ext = image_member(sample)
     if not ext:
-        raise CorruptImageError.for_sample(str(sample.get("__key__")), sample_shard(sample), "no image member")
+        raise CorruptImageError.for_sample(
+            str(sample.get("__key__")), sample_shard(sample), "no image member"
+        )
     return decode(sample[ext], ext, key=str(sample.get("__key__")), shard=sample_shard(sample))
 
 
@@ -212,8 +214,9 @@ def collate_batches(
 def offload_batches(
     batches: Batches, *, epoch: int, worker: int, shared: bool, clock: StepClock | NoClock
 ) -> Iterator[RawBatch]:
-    """With ``decode_on``: each batch's image bytes and labels as a :class:`RawBatch` (in shared
-    memory if ``shared``), for the training process to decode.
+    """With ``decode_on``: each batch's image bytes and labels as a :class:`RawBatch`.
+
+    In shared memory if ``shared``, for the training process to decode.
     """
     pack = clock.timed(COLLATE, raw_batch)
     for k, samples in batches:

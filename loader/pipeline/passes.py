@@ -3,7 +3,7 @@
 :func:`worker_pass` is the whole path of a sample through a DataLoader worker, in order::
 
     plan -> read -> order -> cut -> raw stages -> decode + transform -> image stages -> collate
-                                               \\-> offload (decode_on: the training process decodes)
+                                            or -> offload (decode_on: the training process decodes)
 
 It takes frozen settings (:class:`ReadSettings`: what to read, in which order, in which batches;
 :class:`ImageSettings`: how to decode, augment and stack), the pass's :class:`PassPosition` and a
@@ -133,7 +133,9 @@ def raw_pass(
     samples = clock.timed_iter(READ, _read(s, plan, at, counters))
     # cut -> (k, [RawSample]): batches before at.first read, not decoded; in train what a damaged
     #        shard lost is made up from recent samples
-    batches = batched(samples, sizes=plan.sizes, first=at.first, make_up=_elsewhere(s, plan, at) if s.train else None)
+    batches = batched(
+        samples, sizes=plan.sizes, first=at.first, make_up=_elsewhere(s, plan, at) if s.train else None
+    )
     if s.raw_stages:
         # raw stages -> (k, [sample]): the user's stages, a random filter seeded per batch
         batches = each(
@@ -153,19 +155,28 @@ def raw_samples(s: ReadSettings, at: PassPosition, counters: Counters) -> Iterat
     return islice(_read(s, plan, at, counters, keep_all=True), skip, None)
 
 
-def _elsewhere(s: ReadSettings, plan: partition.WorkerPlan, at: PassPosition) -> Callable[[], Iterator[RawSample]]:
+def _elsewhere(
+    s: ReadSettings, plan: partition.WorkerPlan, at: PassPosition
+) -> Callable[[], Iterator[RawSample]]:
     def make_up() -> Iterator[RawSample]:  # a worker that lost every sample: other shards' samples
         shards = len(s.split.shards)
         order = partition.shard_order(shards, seed=s.layout.seed, epoch=at.epoch, shuffle=s.layout.shuffle)
         after = plan.segments[0].shard if plan.segments else None
         what = f"{s.where} (rank {at.rank})"
-        return read_elsewhere(order, after, s.split, s.source, limit=max(plan.sizes), classes=s.classes, what=what)
+        return read_elsewhere(
+            order, after, s.split, s.source, limit=max(plan.sizes), classes=s.classes, what=what
+        )
 
     return make_up
 
 
 def _read(
-    s: ReadSettings, plan: partition.WorkerPlan, at: PassPosition, counters: Counters, *, keep_all: bool = False
+    s: ReadSettings,
+    plan: partition.WorkerPlan,
+    at: PassPosition,
+    counters: Counters,
+    *,
+    keep_all: bool = False,
 ) -> Iterator[RawSample]:
     """The plan's samples, read (one run a segment) and put in the worker's order."""
 
@@ -191,7 +202,9 @@ def _read(
         views=s.views and not keep_all,
     )
     sizes = [len(seg) for seg in plan.segments]
-    return worker_order(runs, sizes, s.layout.order, epoch=at.epoch, rank=at.rank, worker=at.worker, leg=at.leg)
+    return worker_order(
+        runs, sizes, s.layout.order, epoch=at.epoch, rank=at.rank, worker=at.worker, leg=at.leg
+    )
 
 
 def _on_corrupt(on_error: str, counters: Counters) -> Callable[[CorruptImageError], None] | None:

@@ -18,7 +18,7 @@ consumed (the prefetch queue) from the same table. ``process_time`` counts all t
 process, so it includes torch's intra-op threads where they run (the main process, with no workers).
 
 This module names the steps, for the workers' table and the training process's decoder alike
-(:class:`~imgshards.loader.device.stats.DecoderStats`, whose steps are decode, augment, normalize).
+(:class:`~imgshards.loader.device.marks.DecoderStats`, whose steps are decode, augment, normalize).
 
 Rows are written by one process each and read by the main process without a lock: a read can catch a
 row between the seconds and the batch count of one batch, which moves a figure by one batch at most.

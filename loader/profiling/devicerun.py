@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device.stats import DecoderStats
+from ..device.marks import DecoderStats
 
 __all__ = ["DECODE_ON", "DeviceRun"]
 

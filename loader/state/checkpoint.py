@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from imgshards.converter.manifest import ShardInfo
 
-from ..epoch.position import PassPosition
+from ..epoch.position import Leg, PassPosition
 from ..errors import ConfigError, ResumeError
 from .cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
 from .ranks import settle_ranks
@@ -25,8 +26,8 @@ from .ranks import settle_ranks
 __all__ = [
     "STATE_VERSION",
     "EpochState",
+    "ResumeState",
     "check_settings",
-    "settings",
     "shards_digest",
 ]
 
@@ -35,25 +36,57 @@ _READABLE_VERSIONS = (1, 2, 3)
 _RECORDED_SINCE_3 = ("split", "shards")
 
 
-def settings(dataset: Any) -> dict[str, Any]:
-    """The settings of ``dataset`` that fix the order of its epochs, but for the topology.
+@dataclass(frozen=True)
+class ResumeState:
+    """A saved place in an epoch: the one encoding of both kinds of state, and its one reading.
 
-    ``split`` and ``shards`` (:func:`shards_digest`) tell the data itself: a state of another split
-    or dataset of the same size would otherwise resume there, skipping samples it never delivered.
+    A loader's state (``worker`` ``None``) holds the batches its rank delivered of the current leg;
+    a worker's (torchdata's ``Stateful``, ``worker`` set) the batches that worker's pass made. Both
+    carry the dataset's :meth:`resume_settings`, checked when the state is read.
     """
-    return {
-        "split": dataset.split,
-        "shards": dataset.shards_digest,
-        "samples": dataset.num_samples,
-        "batch_size": dataset.batch_size,
-        "seed": dataset.seed,
-        "mode": dataset.mode,
-        "shuffle": dataset.shuffle,
-        "shuffle_buffer": dataset.shuffle_buffer,
-        "shuffle_initial": dataset.shuffle_initial,
-        "drop_last": dataset.drop_last,
-        **dataset._mix_settings(),  # a MixedDataset's weights and shares (loader/mix.py)
-    }
+
+    epoch: int
+    legs: tuple[Leg, ...]
+    batches: int
+    world_size: int
+    num_workers: int
+    worker: int | None = None
+
+    def encode(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The state as saved: plain ints and lists, then the settings that fix the epoch's order."""
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "stages": [list(leg) for leg in self.legs],  # the finished legs, under their first key
+            "batches": self.batches,
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+        }
+        if self.worker is not None:
+            state["worker"] = self.worker
+        return {**state, **settings}
+
+    @classmethod
+    def decode(cls, state: Any, settings: Mapping[str, Any], what: str) -> ResumeState:
+        """Read a saved ``what`` state made with ``settings``.
+
+        Raises:
+            ResumeError: not a ``what`` state, an unreadable version, or other settings.
+
+        """
+        check_settings(state, settings, what)
+        try:
+            worker = state.get("worker")
+            return cls(
+                int(state["epoch"]),
+                tuple((int(w), int(n), int(k)) for w, n, k in state.get("stages", [])),
+                int(state["batches"]),
+                int(state["world_size"]),
+                int(state["num_workers"]),
+                None if worker is None else int(worker),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise ResumeError(f"not a {what} state: {state!r}") from None
 
 
 def shards_digest(shards: Iterable[ShardInfo]) -> str:
@@ -95,13 +128,15 @@ class EpochState:
     _progress: PassPosition
     _pending: PassPosition | None
     _asked: tuple[int | None, int | None]  # the rank= and world_size= the dataset was given
-    batch_size: int
-    seed: int
-    mode: str
-    shuffle: bool
-    shuffle_buffer: int
-    shuffle_initial: int
-    drop_last: bool
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The settings that fix the order of this dataset's epochs, but for the topology.
+
+        ``split`` and ``shards`` (:func:`shards_digest`) tell the data itself: a state of another
+        split or dataset of the same size would otherwise resume there, skipping samples it never
+        delivered.
+        """
+        raise NotImplementedError
 
     # ---- the epoch, shared with the workers ---------------------------------------------------
 
@@ -169,16 +204,8 @@ class EpochState:
         it skips. With :func:`~imgshards.loader.make_loader`, save ``loader.state_dict()`` instead.
         """
         at = self._progress
-        return {
-            "version": STATE_VERSION,
-            "epoch": at.epoch,
-            "stages": [list(s) for s in at.legs],  # the key of version 1 and 2 states
-            "worker": at.worker,
-            "num_workers": at.num_workers,
-            "batches": at.first,
-            "world_size": self.world_size,
-            **settings(self),
-        }
+        place = ResumeState(at.epoch, at.legs, at.first, self.world_size, at.num_workers, at.worker)
+        return place.encode(self.resume_settings())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make this process's next pass continue the pass ``state`` describes (torchdata ``Stateful``).
@@ -188,16 +215,16 @@ class EpochState:
                 or worker count.
 
         """
-        check_settings(state, {**settings(self), "world_size": self.world_size}, "ShardDataset")
-        if "worker" not in state:
+        mine = {**self.resume_settings(), "world_size": self.world_size}
+        place = ResumeState.decode(state, mine, "ShardDataset")
+        if place.worker is None:
             raise ResumeError("a ShardLoader state goes to loader.load_state_dict, not the dataset's")
         info = get_worker_info()
         num_workers = info.num_workers if info is not None else 1
-        if state["num_workers"] != num_workers:
-            raise ResumeError(f"num_workers: saved {state['num_workers']!r}, now {num_workers}")
-        legs = tuple((int(w), int(n), int(k)) for w, n, k in state["stages"])
-        self._pending = PassPosition(int(state["epoch"]), legs, int(state["batches"]))
-        self.cursor.restore(self._pending.epoch, legs)
+        if place.num_workers != num_workers:
+            raise ResumeError(f"num_workers: saved {place.num_workers!r}, now {num_workers}")
+        self._pending = PassPosition(place.epoch, place.legs, place.batches)
+        self.cursor.restore(place.epoch, place.legs)
 
     # ---- counters -------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import torch
 
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ConfigError, ShardDataset, ShardReadError, make_loader
+from imgshards.loader.epoch.position import PassPosition
 
 IDENTITY = torch.nn.Identity()
 
@@ -26,7 +27,10 @@ def batches_per_worker(ds, num_workers, epoch=0, caught=None):
     """Every batch of the rank, made worker by worker in this process (what worker processes run)."""
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        out = [list(ds._batches(epoch, (), 0, w, num_workers, pool=None)) for w in range(num_workers)]
+        out = [
+            list(ds.worker_batches(PassPosition(epoch, (), 0, w, num_workers, ds.rank, ds.world_size)))
+            for w in range(num_workers)
+        ]
     if caught is not None:
         caught += [str(w.message) for w in got]
     return out

@@ -22,6 +22,7 @@ from imgshards.converter import PackConfig, pack
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
+from imgshards.loader.epoch.position import PassPosition
 from imgshards.loader.pipeline.batch import pool_token
 
 IDENTITY = torch.nn.Identity()
@@ -278,7 +279,7 @@ def test_resume_gives_the_same_augmented_images(packed_many):
 def test_dataloader_round_robin_matches_the_per_worker_model(packed_many, lookup_many):
     """Workers with unequal batch counts: DataLoader's order is batch j from worker j % num_workers."""
     ds = dataset(packed_many, batch_size=5)  # 115 samples: 23 batches over 3 workers = 8, 8, 7
-    per_worker = [lookup_many.run_keys(ds._batches(0, (), 0, w, 3, pool=None)) for w in range(3)]
+    per_worker = [lookup_many.run_keys(ds.worker_batches(PassPosition(0, (), 0, w, 3))) for w in range(3)]
     assert [len(b) for b in per_worker] == [8, 8, 7]
     expected = [per_worker[j % 3][j // 3] for j in range(23)]
     assert lookup_many.run_keys(make_loader(ds, num_workers=3)) == expected

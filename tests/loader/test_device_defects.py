@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from imgshards.loader import ConfigError, DecodeOn, ShardDataset, make_loader, preset, to_device
 from imgshards.loader.device.augment import canvas_bytes
 from imgshards.loader.device.backends import default_backend, probe
-from imgshards.loader.device.decoder import DeviceDecoder
+from imgshards.loader.device.decoding import DeviceDecoder
 from imgshards.loader.device.memory import LARGE_SEGMENT, SMALL_SEGMENT, bound, rounded
 from imgshards.loader.device.offload import raw_batch
 from imgshards.loader.image.decode import decode, jpeg_header

@@ -42,7 +42,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -52,16 +52,12 @@ from ..image.presets import PRESETS, Transform, View
 from ..pipeline.batch import Batch, to_device
 from ..pipeline.read import seeded
 from ..pipeline.steps import AUGMENT, DECODE, NORMALIZE
-from ..state.cursor import CORRUPT
 from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
 from .backends import Backend, Probe, chunks, decode_sample, default_backend, probe
 from .memory import Memory, bound, rounded
 from .offload import DecodeOn, RawBatch
-from .stats import DecoderStats, Marks
+from .marks import DecoderStats, Marks
 from .streams import Ordering, ordering_for, resolve
-
-if TYPE_CHECKING:
-    from ..dataset import ShardDataset
 
 __all__ = ["DecoderStats", "DeviceDecoder", "Producer"]
 
@@ -109,23 +105,6 @@ class DeviceDecoder:
                 f"decode_on: augment='batched' applies the presets {list(PRESETS)}, not {transform!r}; "
                 "use augment='per_image' for a custom transform"
             )
-
-    @classmethod
-    def of(cls, dataset: ShardDataset) -> DeviceDecoder:
-        """The decoder for ``dataset``'s settings; skipped images count in ``dataset.corrupt_skipped``."""
-        assert dataset.decode_on is not None
-
-        def on_corrupt(worker: int, e: CorruptImageError) -> None:
-            dataset.count(worker, CORRUPT)
-            warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
-
-        return cls(
-            dataset.decode_on,
-            transform=dataset.transform,
-            seed=dataset.seed,
-            rank=dataset.rank,
-            on_corrupt=None if dataset.on_error == "raise" else on_corrupt,
-        )
 
     @property
     def threaded(self) -> bool:
