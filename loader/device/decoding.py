@@ -54,9 +54,9 @@ from ..pipeline.read import seeded
 from ..pipeline.steps import AUGMENT, DECODE, NORMALIZE
 from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
 from .backends import Backend, Probe, chunks, decode_sample, default_backend, probe
+from .marks import DecoderStats, Marks
 from .memory import Memory, bound, rounded
 from .offload import DecodeOn, RawBatch
-from .marks import DecoderStats, Marks
 from .streams import Ordering, ordering_for, resolve
 
 __all__ = ["DecoderStats", "DeviceDecoder", "Producer"]
