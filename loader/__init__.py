@@ -14,7 +14,6 @@ dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, d
 from . import stages
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
-from .device.offload import DecodeOn
 from .epoch import elastic, partition
 from .errors import (
     ConfigError,
@@ -38,6 +37,7 @@ from .image.presets import (
 from .mix import MixedDataset
 from .pipeline import passes
 from .pipeline.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
+from .pipeline.offload import DecodeOn
 from .remote import RetryPolicy, ShardSource
 
 __all__ = [

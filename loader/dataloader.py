@@ -25,9 +25,9 @@ from imgshards.converter.errors import ImgshardsError
 
 from .dataset import PassDataset
 from .device.decoding import DeviceDecoder
-from .device.offload import DecodeOn
 from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, WorkerError
 from .pipeline.batch import Batch, pool_token
+from .pipeline.offload import DecodeOn
 from .remote.cache import end_with
 from .state.checkpoint import ResumeState
 from .state.cursor import CORRUPT

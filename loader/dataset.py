@@ -19,13 +19,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
-from .device.offload import DecodeOn, RawBatch
 from .epoch import elastic, partition
 from .epoch.position import PassPosition
 from .errors import ConfigError, ShardReadError, check_choice
 from .image.presets import PRESETS, Transform, preset
 from .pipeline.batch import Batch, BufferPool
 from .pipeline.batches import Batches
+from .pipeline.offload import DecodeOn, RawBatch
 from .pipeline.passes import ImageSettings, ReadSettings, raw_pass, raw_samples, worker_pass
 from .pipeline.reader import RawSample
 from .pipeline.steps import NO_CLOCK, NoClock, StepClock, StepTimes

@@ -1,7 +1,6 @@
 """The GPU path, ``ShardDataset(decode_on=...)``: the workers send raw batches, the training process decodes.
 
-- :mod:`.offload`: :data:`~.offload.DecodeOn` and the :class:`~.offload.RawBatch` a worker sends.
-- :mod:`.decoder`: :class:`~.decoder.DeviceDecoder`, raw batches to normalized batches on the
+- :mod:`.decoding`: :class:`~.decoding.DeviceDecoder`, raw batches to normalized batches on the
   device, its work done in a producer thread ``ahead`` batches ahead.
 - :mod:`.backends`: the batched JPEG decoders (nvjpeg, or the workers' decoder on the CPU) and the
   header probe choosing which decoder takes a sample.
@@ -10,8 +9,8 @@
 - :mod:`.memory`: the device memory of a batch, as the CUDA caching allocator counts it.
 - :mod:`.marks`: what the decoder did (batches, time per step, fallbacks, peak memory).
 
-What lives here may import :mod:`..image` (the CPU decoder and the presets it matches), the pass's
-:mod:`..pipeline` modules (batches, the tar reader, the per-batch seed, the step names), the
-seeds, the cursor's counters and the errors; never the dataset at run time (a type only), so the
-dataset and the workers import :mod:`.offload` without a cycle.
+What a worker sends (:class:`~imgshards.loader.pipeline.offload.RawBatch`) is the pass's, in
+:mod:`..pipeline.offload`. What lives here may import :mod:`..pipeline` (raw batches, the tar
+reader's helpers, the per-batch seed, the step names), :mod:`..image` (the CPU decoder and the
+presets it matches), :mod:`..epoch` and the errors; the pass never imports it.
 """

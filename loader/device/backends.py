@@ -7,7 +7,7 @@ stays the fallback while torchcodec is not installed. NVIDIA DALI or nvImageCode
 the same :data:`Backend` type; neither is installed with torch, and neither can be tested here.
 
 Which decoder takes a sample is read from its header before anything is decoded (:func:`probe`).
-The training process's decoder (:mod:`.decoder`) sends to the batched GPU decoder only what it
+The training process's decoder (:mod:`.decoding`) sends to the batched GPU decoder only what it
 decodes exactly as the DataLoader workers' CPU decoder would, and everything else to the CPU
 decoder, so both paths keep and skip the same samples:
 
@@ -32,7 +32,7 @@ from PIL import Image
 
 from ..errors import CorruptImageError
 from ..image.decode import decode, jpeg_header
-from .offload import RawBatch
+from ..pipeline.offload import RawBatch
 
 __all__ = ["Backend", "Probe", "chunks", "decode_sample", "default_backend", "probe"]
 

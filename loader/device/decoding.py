@@ -50,13 +50,13 @@ from ..epoch.seeds import augment_seed
 from ..errors import ConfigError, CorruptImageError, ImageShapeError
 from ..image.presets import PRESETS, Transform, View
 from ..pipeline.batch import Batch, to_device
+from ..pipeline.offload import DecodeOn, RawBatch
 from ..pipeline.read import seeded
 from ..pipeline.steps import AUGMENT, DECODE, NORMALIZE
 from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
 from .backends import Backend, Probe, chunks, decode_sample, default_backend, probe
 from .marks import DecoderStats, Marks
 from .memory import Memory, bound, rounded
-from .offload import DecodeOn, RawBatch
 from .streams import Ordering, ordering_for, resolve
 
 __all__ = ["DecoderStats", "DeviceDecoder", "Producer"]

@@ -1,14 +1,16 @@
-"""A worker's pass, its stages in the order a sample goes through them.
+"""One worker's pass: frozen settings in, batches out.
 
-- :mod:`.passes`: :func:`~.passes.worker_pass`, the one function that lists every stage of a pass
-  (plan, read, order, cut, raw stages, decode, image stages, collate), with what flows out of each.
-- :mod:`.read`: the raw-sample stages: reading runs of a shard, cutting batches, the per-batch seed.
+- :mod:`.passes`: :class:`~.passes.ReadSettings`, :class:`~.passes.ImageSettings`,
+  :func:`~.passes.raw_pass` (plan, read, order, cut, raw stages) and :func:`~.passes.worker_pass`
+  (decode, image stages, collate; or offload).
+- :mod:`.read`: reading the runs of a plan's shards, cutting them into batches, the per-batch seed.
 - :mod:`.reader`: the tar reader, a run of a shard to raw samples (through the converter's tar parser).
-- :mod:`.batch`: :class:`~.batch.Batch`, the collate into reused buffers, ``to_device``.
+- :mod:`.batches`: the batch steps, plain generators over ``(k, [samples])``.
+- :mod:`.batch`: :class:`~.batch.Batch`, the collate into reused shared-memory buffers, ``to_device``.
+- :mod:`.offload`: ``decode_on``'s :class:`~.offload.RawBatch`, a batch's bytes for the training process.
 - :mod:`.steps`: the profiling steps (read, decode, augment, collate) and the clock each worker
   times them with (read by ``imgshards bench``).
 
-The decoder and the presets live in :mod:`imgshards.loader.image`, the offload to the training
-process in :mod:`imgshards.loader.device`, and the public stages, for pipelines built by hand, in
-:mod:`imgshards.loader.stages`.
+What lives here may import :mod:`..epoch`, :mod:`..state`, :mod:`..image`, :mod:`..remote` and the
+errors. The public stages, for pipelines built by hand, are :mod:`imgshards.loader.stages`.
 """

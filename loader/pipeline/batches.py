@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from ..device.offload import RawBatch, raw_batch
 from ..errors import ConfigError, CorruptImageError, ImageShapeError
 from ..image.decode import decode as decode_image
 from ..image.presets import Transform
 from ..image.scaled import ScaledDecoder, scaled_decoder
 from .batch import Batch, BatchRows, BufferPool, SentBatch, collate
+from .offload import RawBatch, raw_batch
 from .read import seeded
 from .reader import image_member, sample_shard
 from .steps import AUGMENT, COLLATE, DECODE, NoClock, StepClock

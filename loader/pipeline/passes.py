@@ -21,7 +21,6 @@ from typing import Any
 
 from imgshards.converter.manifest import SplitInfo
 
-from ..device.offload import RawBatch
 from ..epoch import elastic, partition
 from ..epoch.order import worker_order
 from ..epoch.position import PassPosition
@@ -32,6 +31,7 @@ from ..remote import ShardSource
 from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters
 from .batch import Batch, BatchRows, BufferPool, SentBatch
 from .batches import Batches, Stage, collate_batches, decode_batches, each, offload_batches
+from .offload import RawBatch
 from .read import batched, read_elsewhere, read_runs
 from .reader import RawSample
 from .steps import NO_CLOCK, READ, NoClock, StepClock

@@ -103,9 +103,7 @@ def read_runs(
         )
         if seg.skip:
             run = _skipping(run, seg)
-        if on_unreadable is not None:
-            run = _unless_unreadable(run, on_unreadable)
-        runs.append(_counted(run, len(seg), on_lost))
+        runs.append(_accounted(run, len(seg), on_lost, on_unreadable))
     return runs
 
 
@@ -234,22 +232,28 @@ def _skipping(run: Iterator[RawSample], seg: Segment) -> Iterator[RawSample]:
     return (s for i, s in enumerate(run, seg.start) if i not in seg.skip)
 
 
-def _unless_unreadable(
-    run: Iterator[RawSample], on_unreadable: Callable[[ShardReadError], None]
+def _accounted(
+    run: Iterator[RawSample],
+    expected: int,
+    on_lost: Callable[[int], None],
+    on_unreadable: Callable[[ShardReadError], None] | None,
 ) -> Iterator[RawSample]:
-    try:
-        yield from run
-    except ShardAccessError:
-        raise  # a setting to fix, not damage to count
-    except ShardReadError as e:
-        on_unreadable(e)
+    """``run``'s samples; a shard that cannot be read ends it (raised with no ``on_unreadable``).
 
-
-def _counted(run: Iterator[RawSample], expected: int, on_lost: Callable[[int], None]) -> Iterator[RawSample]:
+    What the run lacks of its ``expected`` samples once it ends goes to ``on_lost``. A
+    :class:`ShardAccessError` (a setting to fix, not damage to count) always propagates.
+    """
     got = 0
-    for s in run:
-        got += 1
-        yield s
+    try:
+        for sample in run:
+            got += 1
+            yield sample
+    except ShardAccessError:
+        raise
+    except ShardReadError as e:
+        if on_unreadable is None:
+            raise
+        on_unreadable(e)
     if got < expected:
         on_lost(expected - got)
 
@@ -270,12 +274,11 @@ def batched(
     ``make_up=None`` (eval) nothing is made up: a batch holds what exists, and the batches end when
     nothing is left.
     """
-    recent: deque[RawSample] = deque(maxlen=max(sizes, default=1))
-    raw = _remember(raw, recent)
-    for _ in islice(raw, sum(sizes[:first])):
-        pass
+    recent: deque[RawSample] = deque(maxlen=max(sizes, default=1))  # the latest samples read
+    recent.extend(islice(raw, sum(sizes[:first])))
     for k in range(first, len(sizes)):
         batch = list(islice(raw, sizes[k]))
+        recent.extend(batch)
         if len(batch) < sizes[k]:
             if make_up is None:
                 if not batch:
@@ -285,12 +288,6 @@ def batched(
                     recent.extend(islice(make_up(), recent.maxlen))
                 batch += _make_up(recent, sizes[k] - len(batch))
         yield k, batch
-
-
-def _remember(samples: Iterator[RawSample], recent: deque[RawSample]) -> Iterator[RawSample]:
-    for s in samples:
-        recent.append(s)
-        yield s
 
 
 def _make_up(recent: deque[RawSample], missing: int) -> list[RawSample]:

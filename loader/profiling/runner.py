@@ -9,7 +9,7 @@ what it measured. How each figure is taken:
   first batch to the last. The wait for the first batch (worker start-up, and for ImageFolder its
   listing of the tree) is reported apart, as ``startup_s``. The run goes on over epoch boundaries.
 - **Per worker and per step** (read, decode, augment, collate): each worker times its own steps and
-  publishes them once per finished batch in a shared-memory table (:mod:`.steps`); the table is
+  publishes them once per finished batch in a shared-memory table (:mod:`..pipeline.steps`); the table is
   read at the first batch and at the end, and the difference is the run's. "read" is getting the
   raw bytes: tar parsing, shard interleaving and the shuffle buffer for the shards, ``open`` +
   ``read`` of one file for ImageFolder. A worker's *busy* share is its step seconds over the run's

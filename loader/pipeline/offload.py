@@ -4,7 +4,7 @@ With ``ShardDataset(decode_on=...)`` a DataLoader worker still reads, shuffles a
 into batches, but stops before decoding: it packs the batch's image bytes into one ``uint8`` tensor
 (in shared memory, so crossing to the training process copies nothing) with their offsets, labels
 and names, and the position that seeds the batch's augmentation (epoch, worker, batch). The
-training process decodes and augments it (:mod:`.decoder`).
+training process decodes and augments it (:mod:`.decoding`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..pipeline.batch import IMAGENET_MEAN, IMAGENET_STD
-from ..pipeline.reader import image_member, sample_shard
+from .batch import IMAGENET_MEAN, IMAGENET_STD
+from .reader import image_member, sample_shard
 
 __all__ = ["DecodeOn", "RawBatch", "raw_batch"]
 
