@@ -27,21 +27,31 @@ from ..errors import ImageShapeError
 from .decode import OpenJpeg, Reduced, jpeg_header, open_jpeg
 from .presets import RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, Transform, View, reduction
 
-__all__ = ["ScaledDecoder", "scaled_decoder"]
+__all__ = ["HALF_FROM_PIXELS", "ScaledDecoder", "scaled_decoder"]
 
 Preset = RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop
 Timer = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+# Below this many pixels a half-scale decode does not pay: Pillow's decode at 1/2 and its resize
+# cost what torchcodec's whole decode and torch's resize cost, or more. Measured here on one
+# thread, train preset, a 600x700 view: 683x512 0.81x (its largest view), 1024x768 1.01x,
+# 1280x960 1.08x, 1600x1200 1.16x, 12 MP 2.78x. Such an image is decoded at 1/4 or 1/8 only.
+HALF_FROM_PIXELS = 1 << 20
 
 
 class ScaledDecoder:
     """Decode and transform a JPEG at a reduced scale where ``preset``'s view allows; else ``None``.
 
-    ``decode_timer`` and ``augment_timer`` wrap the decode and the resize (a stage clock's), so the
-    two are timed apart as on the usual path.
+    ``decode_timer`` and ``augment_timer`` wrap the decode and the resize (a step clock's), so the
+    two are timed apart as on the usual path. An image of fewer than ``half_from`` pixels is decoded
+    at 1/4 or 1/8 only (:data:`HALF_FROM_PIXELS`).
     """
 
-    def __init__(self, preset: Preset, decode_timer: Timer, augment_timer: Timer) -> None:
+    def __init__(
+        self, preset: Preset, decode_timer: Timer, augment_timer: Timer, *, half_from: int = HALF_FROM_PIXELS
+    ) -> None:
         self.preset = preset
+        self.half_from = half_from
         self._decode = decode_timer(self._reduced_decode)
         self._apply = augment_timer(preset.apply_reduced)
 
@@ -50,7 +60,7 @@ class ScaledDecoder:
         if ext != "jpg":
             return None
         frame = jpeg_header(data)
-        if frame is None or min(frame.height, frame.width) < self.preset.reducible_from:
+        if frame is None or min(frame.height, frame.width) < self._reducible_from(frame.height * frame.width):
             return None  # the usual JPEG: one header read, the cost of this module to it
         if frame.components not in (1, 3):
             return None
@@ -62,6 +72,11 @@ class ScaledDecoder:
                 return None
             return self._apply(*found)
 
+    def _reducible_from(self, pixels: int) -> int:
+        """The shorter side from which some view of an image of ``pixels`` is decoded smaller."""
+        quarter = pixels < self.half_from  # not halved: a quarter needs twice the side
+        return self.preset.reducible_from * (2 if quarter else 1)
+
     def _reduced_decode(self, jpeg: OpenJpeg) -> tuple[Reduced, View] | None:
         """Draw the view from ``jpeg``'s size; decode it at the scale the view allows (``None``: 1)."""
         try:
@@ -69,7 +84,7 @@ class ScaledDecoder:
         except ImageShapeError:
             return None  # refused after the decode, as it always was
         scale = reduction(view, self.preset.size)
-        if scale == 1:
+        if scale == 1 or (scale == 2 and jpeg.height * jpeg.width < self.half_from):
             return None
         reduced = jpeg.decode(scale)
         return None if reduced is None else (reduced, view)
@@ -80,9 +95,13 @@ def _untimed(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def scaled_decoder(
-    transform: Transform, decode_timer: Timer = _untimed, augment_timer: Timer = _untimed
+    transform: Transform,
+    decode_timer: Timer = _untimed,
+    augment_timer: Timer = _untimed,
+    *,
+    half_from: int = HALF_FROM_PIXELS,
 ) -> ScaledDecoder | None:
     """A :class:`ScaledDecoder` for ``transform`` if it is one of the presets; ``None`` for any other."""
     if isinstance(transform, RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop):
-        return ScaledDecoder(transform, decode_timer, augment_timer)
+        return ScaledDecoder(transform, decode_timer, augment_timer, half_from=half_from)
     return None

@@ -13,7 +13,7 @@ from PIL import Image
 from imgshards.loader import ShardDataset
 from imgshards.loader.image.decode import decode
 from imgshards.loader.image.presets import preset, reduction
-from imgshards.loader.image.scaled import scaled_decoder
+from imgshards.loader.image.scaled import HALF_FROM_PIXELS, scaled_decoder
 
 # Small presets keep the images small: eval at 56 resizes to 64, so it decodes at 1/2 from a
 # shorter side of 128, at 1/4 from 256, at 1/8 from 512.
@@ -50,7 +50,7 @@ def both_ways(name: str, data: bytes, seed: int = 0) -> tuple[torch.Tensor | Non
     torch.manual_seed(seed)
     untouched = torch.rand(4)
     torch.manual_seed(seed)
-    scaled = scaled_decoder(transform)(data, "jpg")
+    scaled = scaled_decoder(transform, half_from=0)(data, "jpg")  # small images halved too, to test it
     after_scaled = torch.rand(4)
     torch.manual_seed(seed)
     usual = transform(decode(data, "jpg"))
@@ -121,6 +121,23 @@ def test_images_too_small_to_reduce_take_the_usual_path():
     assert scaled is None and same_draws
     assert scaled_decoder(preset("train", size=SIZE))(jpeg(photo(900, 700)), "png") is None  # not a .jpg
     assert scaled_decoder(lambda image: image) is None  # a transform of the user's: never
+
+
+def test_a_half_scale_decode_only_where_it_pays():
+    """Under HALF_FROM_PIXELS a view that allows 1/2 takes the usual path (slower reduced: measured)."""
+    transform = preset("train")  # reducible from a shorter side of 448
+    small, large = jpeg(photo(683, 512)), jpeg(photo(1400, 1050))  # 0.35 and 1.47 MP
+    assert 683 * 512 < HALF_FROM_PIXELS <= 1400 * 1050
+    for data, height, width, halved in [(small, 512, 683, False), (large, 1050, 1400, True)]:
+        reduced = 0
+        for seed in range(40):
+            torch.manual_seed(seed)
+            scale = reduction(transform.draw(height, width), 224)
+            torch.manual_seed(seed)
+            out = scaled_decoder(transform)(data, "jpg")
+            assert (out is not None) == (scale >= (2 if halved else 4)), (seed, scale)
+            reduced += out is not None
+        assert reduced >= 1 if halved else reduced == 0
 
 
 def test_a_truncated_large_jpeg_draws_nothing():
