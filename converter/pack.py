@@ -8,6 +8,9 @@ writes the rest, and gives output byte-identical to an uninterrupted run. The in
 last, under a lock, so several splits can be packed into one destination. The arguments are a
 :class:`~.config.PackConfig`; the tasks run on an :mod:`.engine` (the local pool, or Ray across
 machines), which only runs them: the plan, records, rejects and index stay here, in the driver.
+Each split's image sizes, counted in its shards' records, go into the index; a split of large
+photos packed as they are also gets a measured estimate of what ``--resize`` would save
+(:mod:`.resizehint`, in :attr:`~.config.PackResult.hints`).
 """
 
 from __future__ import annotations
