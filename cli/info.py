@@ -43,6 +43,8 @@ def info(dst: Path | str, as_json: bool, storage_options: dict[str, object], tim
             formats = ", ".join(f".{shown(ext)} {n:,}" for ext, n in split.formats.items())
             converted = ", ".join(f"{shown(reason)} {n:,}" for reason, n in split.converted.items())
             click.echo(f"    formats: {formats}" + (f" (converted: {converted})" if converted else ""))
+        if split.image_sizes is not None:
+            click.echo(f"    image sizes: {split.image_sizes.describe()}")
         if split.class_counts:
             click.echo(f"    per class: {balance(manifest.classes, split.class_counts)}")
         reasons = ", ".join(f"{shown(r)} {n:,}" for r, n in split.rejects_by_reason.items()) or "none"

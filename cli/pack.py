@@ -226,6 +226,8 @@ def summary_json(result: PackResult) -> dict[str, Any]:
                 "bytes": info.bytes,
                 "formats": dict(info.formats),
                 "converted": dict(info.converted),
+                "image_sizes": None if info.image_sizes is None else info.image_sizes.to_json(),
+                "resize_hint": _hint_json(result, info.name),
                 "rejects": {
                     "total": info.rejects_total,
                     "by_reason": dict(info.rejects_by_reason),
@@ -246,6 +248,11 @@ def summary_json(result: PackResult) -> dict[str, Any]:
     }
 
 
+def _hint_json(result: PackResult, split: str) -> dict[str, Any] | None:
+    hint = result.hints.get(split)
+    return None if hint is None else {**hint.to_json(), "line": hint.line()}
+
+
 def print_summary(result: PackResult) -> None:
     """Print what a pack did per split (formats, conversions, rejects), then the run, then warnings."""
     for info in result.infos:
@@ -261,6 +268,10 @@ def print_summary(result: PackResult) -> None:
                 reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.converted.items())
                 converted = f" ({reasons})"
             click.echo(f"  every image stored as .{ext}{converted}")
+        if info.image_sizes is not None:
+            click.echo(f"  image sizes: {info.image_sizes.describe()}")
+        if (hint := result.hints.get(info.name)) is not None:
+            click.echo(f"  {hint.line()}")
         if info.rejects_total:
             reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
             where = join(result.dst, str(info.rejects_file))

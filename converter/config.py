@@ -16,6 +16,7 @@ from typing import Any
 from .check import Check
 from .manifest import Manifest, SplitInfo
 from .readorder import ReadOrder
+from .resizehint import ResizeHint
 from .splits import SPLIT_CHARS
 from .write import ShardRecord
 
@@ -161,7 +162,8 @@ class PackResult:
     """What a ``pack`` run did (``dst`` is a URL for a remote destination).
 
     ``split`` is the first split the run packed, ``splits`` all of them (one unless the tree was
-    split); ``read_order`` how the tree was read (``disk`` or ``plan``).
+    split); ``read_order`` how the tree was read (``disk`` or ``plan``). ``hints`` holds, for each
+    split of images much larger than training uses, what ``--resize`` would save (:mod:`.resizehint`).
     """
 
     dst: Path | str
@@ -176,6 +178,7 @@ class PackResult:
     nodes: dict[str, int] = field(default_factory=dict)
     retried: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    hints: dict[str, ResizeHint] = field(default_factory=dict)
 
     @property
     def info(self) -> SplitInfo:

@@ -20,6 +20,7 @@ Layout of ``index.json`` (``version`` 1)::
           "pack": {...},                           # the arguments the split was packed with
           "formats": {"jpg": 1281167},             # image members per extension
           "converted": {"png_to_jpg": 12},         # images re-encoded into the split's format, by reason
+          "image_sizes": {"images": 1281167, "median": [500, 375], "p95": [500, 500]},  # as stored
           "labels": {"member": "json", "key": "label", "names": true}  # only where not ids in .cls
         }
       }
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ManifestError
+from .imagesizes import SizeStats
 from .labels import label_value
 from .locate import INDEX_NAME, is_url, local_path, missing_path, no_index, not_a_dataset
 from .offsets import BLOCK, decode_offsets
@@ -188,6 +190,7 @@ class SplitInfo:
     formats: Mapping[str, int] = field(default_factory=dict)
     converted: Mapping[str, int] = field(default_factory=dict)
     labels: LabelSource = LabelSource()
+    image_sizes: SizeStats | None = None  # as stored (.imagesizes); None: not read, or an older index
 
     @property
     def samples(self) -> int:
@@ -202,6 +205,7 @@ class SplitInfo:
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form written into the index."""
         labels = {} if self.labels == LabelSource() else {"labels": self.labels.to_json()}
+        sizes = {} if self.image_sizes is None else {"image_sizes": self.image_sizes.to_json()}
         return {
             "samples": self.samples,
             "bytes": self.bytes,
@@ -215,6 +219,7 @@ class SplitInfo:
             "pack": dict(self.pack_args),
             "formats": dict(sorted(self.formats.items())),
             "converted": dict(sorted(self.converted.items())),
+            **sizes,
             **labels,
         }
 
@@ -307,6 +312,7 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
         formats={str(k): int(v) for k, v in (data.get("formats") or {}).items()},
         converted={str(k): int(v) for k, v in (data.get("converted") or {}).items()},
         labels=LabelSource.from_json(data.get("labels")),
+        image_sizes=SizeStats.from_json(data.get("image_sizes")),
     )
 
 

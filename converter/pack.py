@@ -8,6 +8,9 @@ writes the rest, and gives output byte-identical to an uninterrupted run. The in
 last, under a lock, so several splits can be packed into one destination. The arguments are a
 :class:`~.config.PackConfig`; the tasks run on an :mod:`.engine` (the local pool, or Ray across
 machines), which only runs them: the plan, records, rejects and index stay here, in the driver.
+Each split's image sizes, counted in its shards' records, go into the index; a split of large
+photos packed as they are also gets a measured estimate of what ``--resize`` would save
+(:mod:`.resizehint`, in :attr:`~.config.PackResult.hints`).
 """
 
 from __future__ import annotations
@@ -43,11 +46,13 @@ from .engine import Engine, make_engine
 from .errors import DestinationError, SourceError
 from .failures import explained
 from .formats import main_format
+from .imagesizes import SizeStats, size_stats
 from .locate import missing_path, url_typo
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, estimated_sample_bytes
 from .pool import Progress
 from .readorder import ReadOrder, choose_read_order
+from .resizehint import ResizeHint, resize_hint
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan import Reject, ScanResult, scan_tree, tree_warnings
@@ -131,6 +136,7 @@ def pack(
                 written, reused = written + n_written, reused + n_reused
                 retried += cut_off(dst_path, part.name)
                 done.append((part, records))
+            hints = _hints(config, done, engine.executor())
         finally:
             engine.close()
         log.info("wrote %d shards, reused %d, at %.1f s", written, reused, time.perf_counter() - started)
@@ -148,6 +154,7 @@ def pack(
         engine=engine.name,
         nodes=dict(sorted(nodes.items())),
         retried=tuple(retried),
+        hints=hints,
     )
 
 
@@ -197,7 +204,7 @@ def _write_all(
     buckets = {} if direct else _gather(engine, scan, plan, todo, state, split, config)
     if not direct:
         log.info("gathered the files of %d shards in %.1f s", len(todo), time.perf_counter() - started)
-    image_format = None if config.keep_formats or config.resize is not None else main_format(scan.paths)
+    image_format = _image_format(config, scan)
 
     tasks = (
         shard_task(part, plan, i, dst, config, image_format, None if direct else buckets.get(i, []))
@@ -212,6 +219,38 @@ def _write_all(
         hooks.on_shard(dst / record.name, record)
     remove(state / _BUCKETS, root=dst)
     return len(todo), reused, [records[i] for i in range(plan.num_shards)]
+
+
+def _image_format(config: PackConfig, scan: ScanResult) -> str | None:
+    """The split's one image format; ``None``: each image keeps its own (or ``--resize`` makes JPEGs)."""
+    return None if config.keep_formats or config.resize is not None else main_format(scan.paths)
+
+
+def _sizes(records: list[ShardRecord]) -> SizeStats | None:
+    """The split's image sizes from its shards' records; unknown where a record is from before sizes."""
+    counts = [record.sizes for record in records]
+    return None if None in counts else size_stats(c for c in counts if c is not None)
+
+
+def _hints(
+    config: PackConfig, done: list[tuple[Part, list[ShardRecord]]], pool: Executor
+) -> dict[str, ResizeHint]:
+    """What ``--resize`` would save, measured on each split of large images (see :mod:`.resizehint`)."""
+    hints = {}
+    for part, records in done:
+        started = time.perf_counter()
+        hint = resize_hint(
+            part.scan,
+            _sizes(records),
+            resize=config.resize,
+            image_format=_image_format(config, part.scan),
+            max_pixels=config.max_pixels,
+            executor=pool,
+        )
+        if hint is not None:
+            log.info("timed --resize on %d images in %.1f s", hint.sampled, time.perf_counter() - started)
+            hints[part.name] = hint
+    return hints
 
 
 def _gather(
@@ -315,6 +354,7 @@ def _finish(
             pack_args=config.output_args(src),
             formats=dict(sorted(formats.items())),
             converted=dict(sorted(converted.items())),
+            image_sizes=_sizes(records),
         )
     with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
         check_classes(dst, tuple(infos), scan)  # another split may have landed meanwhile

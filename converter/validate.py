@@ -14,6 +14,8 @@ with :func:`open_regular`. What holds afterwards:
   ``MAX_SHARD_BYTES`` and at most one sample per ``MIN_SAMPLE_BYTES`` of it; a split's totals and
   per-class counts add up to its shards'. A shard's table of sample starts, when it has one, holds
   one start per sample, increasing, inside the shard (:func:`~.offsets.offsets_problem`).
+- A split's image sizes, when it has them, count at most its samples, and each is two pixel counts
+  within ``MAX_SIDE``.
 - There is at least one class, class names are distinct strings, and the per-class counts of every
   split line up with them.
 - The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON, holding at most ``MAX_INDEX_VALUES``
@@ -44,6 +46,7 @@ __all__ = [
     "MAX_INDEX_BYTES",
     "MAX_INDEX_VALUES",
     "MAX_SHARD_BYTES",
+    "MAX_SIDE",
     "MIN_SAMPLE_BYTES",
     "check_index",
     "check_name",
@@ -62,6 +65,7 @@ MAX_SHARD_BYTES = 1 << 40
 # The smallest sample a tar can hold: a header and a data block for the image, and for the label.
 MIN_SAMPLE_BYTES = 4 * 512
 MAX_NAME_BYTES = 255
+MAX_SIDE = (1 << 31) - 1  # the widest a PNG may declare; a JPEG's sides stop at 65535
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Separators, a scheme's colon, URL escapes, queries and fragments, and control characters.
@@ -220,6 +224,7 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
     for key in ("formats", "converted"):  # image extensions, conversion reasons -> samples
         _check_counts(body.get(key), f"{field}.{key}", where)
     _check_labels(body.get("labels"), f"{field}.labels", where)
+    _check_sizes(body.get("image_sizes"), samples, f"{field}.image_sizes", where)
     if not isinstance(body.get("pack", {}) or {}, dict):
         raise _bad(where, f"{field}.pack", body.get("pack"), "an object")
 
@@ -255,6 +260,23 @@ def _check_labels(labels: Any, field: str, where: str) -> None:
         raise _bad(where, f"{field}.key", key, "the .json field holding the label (none for .cls)")
     if not isinstance(labels.get("names", False), bool):
         raise _bad(where, f"{field}.names", labels.get("names"), "true or false")
+
+
+def _check_sizes(sizes: Any, samples: int, field: str, where: str) -> None:
+    """An optional ``{"images": n, "median": [w, h], "p95": [w, h]}`` (see :mod:`.imagesizes`)."""
+    if sizes is None:
+        return
+    if not isinstance(sizes, dict):
+        raise _bad(where, field, sizes, "an object")
+    _count(sizes, "images", samples, where, field)
+    for key in ("median", "p95"):
+        size = sizes.get(key)
+        if (
+            not isinstance(size, list)
+            or len(size) != 2
+            or any(_int(n) is None or not 1 <= n <= MAX_SIDE for n in size)
+        ):
+            raise _bad(where, f"{field}.{key}", size, f"[width, height], each an integer in 1..{MAX_SIDE}")
 
 
 def _typed(data: Mapping[str, Any], key: str, kind: type, where: str, what: str, field: str = "") -> Any:

@@ -19,8 +19,9 @@ order by the worker that writes it (``ShardTask.src``). The output is the same b
 plan order, checked, converted to the split's one image format where needed (:mod:`.formats`), and
 appended to a tar. A shard is first written to a hidden temporary name beside its final one,
 fsynced, then renamed, so a shard under its final name is always whole; its record (sample count,
-size, SHA-256, per-class counts, formats, conversions, rejects) is written the same way after it,
-and is what marks the shard as done for a resumed run (the parent writes it, see :mod:`.pack`).
+size, SHA-256, per-class counts, formats, conversions, image sizes, rejects) is written the same way
+after it, and is what marks the shard as done for a resumed run (the parent writes it, see
+:mod:`.pack`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from PIL import Image
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
 from .formats import ALWAYS_CONVERTED, convert_image, orientation, upright
+from .imagesizes import size_key
 from .offsets import BLOCK, encode_offsets
 from .pool import add_progress
 from .resume import combined_digest, file_digest
@@ -49,7 +51,7 @@ from .scan import PathTable, Reject
 from .sourcefiles import read_ahead, read_file, reason_of
 from .tarwriter import TarWriter
 
-__all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "write_atomic", "write_shard"]
+__all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
 
 # A bucket record: position in the shard, payload length, errno (0: the payload is the file's bytes;
 # otherwise the file could not be read and the payload is the error message).
@@ -110,6 +112,8 @@ class ShardRecord:
     converted: dict[str, int] = field(default_factory=dict)
     content: str = ""  # digest of the files' bytes as gathered (see .resume)
     offsets: str = ""  # where each sample starts, in the index's form (see .offsets)
+    # Images stored per size ("4032x3024": n, see .imagesizes); None in a record from before sizes.
+    sizes: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form of the record."""
@@ -124,6 +128,7 @@ class ShardRecord:
             "converted": dict(sorted(self.converted.items())),
             "content": self.content,
             "offsets": self.offsets,
+            **({} if self.sizes is None else {"sizes": dict(sorted(self.sizes.items()))}),
         }
 
     @classmethod
@@ -140,6 +145,7 @@ class ShardRecord:
             converted={str(k): int(v) for k, v in data.get("converted", {}).items()},
             content=str(data.get("content", "")),
             offsets=str(data.get("offsets", "")),
+            sizes=None if "sizes" not in data else {str(k): int(v) for k, v in data["sizes"].items()},
         )
 
 
@@ -250,6 +256,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     class_counts: dict[int, int] = {}
     formats: dict[str, int] = {}
     converted: dict[str, int] = {}
+    sizes: dict[str, int] = {}  # as stored, from the headers read (none with check none)
     digests: list[bytes] = []  # of the files as read, for a resumed run's content check (see .resume)
     starts: list[int] = []  # the block where each sample starts (the index's table, see .offsets)
     samples = done = 0
@@ -274,6 +281,9 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
                 formats[str(verdict.ext)] = formats.get(str(verdict.ext), 0) + 1
                 for reason in reasons:
                     converted[reason] = converted.get(reason, 0) + 1
+                if verdict.width and verdict.height:
+                    stored = size_key(verdict.width, verdict.height)
+                    sizes[stored] = sizes.get(stored, 0) + 1
                 label = int(task.labels[i])
                 key = f"{int(task.keys[i]):0{task.key_width}d}"
                 # The JSON by hand, keys sorted as json.dumps(sort_keys=True) would: this runs per file.
@@ -314,6 +324,7 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         converted,
         content,
         encode_offsets(starts),
+        sizes,
     )
 
 
@@ -323,14 +334,39 @@ def _inspect(
     """Return the bytes to store, their verdict and why they were converted; or why it is rejected."""
     if isinstance(data, OSError):
         return Reject(rel, reason_of(data), data.strerror or str(data))
-    verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), task.check, task.max_pixels)
+    return stored_image(
+        rel,
+        data,
+        check=task.check,
+        max_pixels=task.max_pixels,
+        resize=task.resize,
+        quality=task.quality,
+        image_format=task.image_format,
+    )
+
+
+def stored_image(
+    rel: str,
+    data: bytes,
+    *,
+    check: Check,
+    max_pixels: int | None,
+    resize: int | None,
+    quality: int,
+    image_format: str | None,
+) -> Reject | tuple[bytes, Inspection, tuple[str, ...]]:
+    """The bytes a shard stores for the file ``rel`` holding ``data``, their verdict and conversions.
+
+    Or why the file is rejected. :mod:`.resizehint` asks it too, for what ``--resize`` would store.
+    """
+    verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), check, max_pixels)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)
     try:
-        if task.resize is not None:
-            return (*_reencode(data, task.resize, task.quality), ())
+        if resize is not None:
+            return (*_reencode(data, resize, quality), ())
         # HEIC and AVIF are converted even where formats are kept: no shard reader decodes them.
-        target = task.image_format or ("jpg" if verdict.ext in ALWAYS_CONVERTED else None)
+        target = image_format or ("jpg" if verdict.ext in ALWAYS_CONVERTED else None)
         if target is None or verdict.ext == target:
             return data, verdict, ()
         image = convert_image(data, str(verdict.ext), target)
