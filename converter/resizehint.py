@@ -10,8 +10,9 @@ the writer's own re-encode), and times what the loader's ``train`` preset at 224
 The model of the loader, with Pillow alone (the converter imports no torch and no loader): a view
 is drawn as ``RandomResizedCrop(224)`` draws it; a JPEG whose shorter side is at least twice 224 is
 decoded at the largest DCT scale (1/2, 1/4, 1/8) that leaves the view at least 224 pixels in both
-axes, and the view resized from that with Pillow's bilinear resize, exactly as the loader's scaled
-path does (``imgshards.loader.scaled``); any other image is decoded whole by Pillow, whose decode
+axes (1/2 only from :data:`HALF_FROM_PIXELS` pixels), and the view resized from that with Pillow's
+bilinear resize, exactly as the loader's scaled path does (``imgshards.loader.image.scaled``); any
+other image is decoded whole by Pillow, whose decode
 alone costs about what the loader's libjpeg-turbo decode and tensor resize of the view cost
 together (1.1 ms against 1.0 + 0.3 ms on a 512x683 JPEG here). Each image is timed on this
 thread's CPU clock, one thread, with the same views for both forms of it, and keeps the least of
@@ -40,6 +41,11 @@ from .imagesizes import SizeStats, size_key
 from .scan import ScanResult
 from .sourcefiles import read_file
 from .write import stored_image
+
+# The loader decodes at 1/2 only images of this many pixels or more (loader/image/scaled.py, where
+# it is measured); the converter does not import the loader, so the figure is repeated here and
+# tests/converter/test_sizes.py holds the two equal.
+HALF_FROM_PIXELS = 1 << 20
 
 __all__ = ["MUCH_LARGER", "REPEATS", "SAMPLED", "SUGGESTED_RESIZE", "TRAIN_SIZE", "ResizeHint", "resize_hint"]
 
@@ -173,6 +179,8 @@ def _load_time(data: bytes, rng: random.Random) -> float:
                 (s for s in (8, 4, 2) if h >= TRAIN_SIZE * s and w >= TRAIN_SIZE * s),
                 1,
             )
+            if scale == 2 and width * height < HALF_FROM_PIXELS:
+                scale = 1  # the loader decodes a small image whole rather than at 1/2
             if im.format != "JPEG" or min(width, height) < 2 * TRAIN_SIZE or scale == 1:
                 im.load()  # whole: the loader's decode, then its tensor resize of the view
             else:

@@ -25,7 +25,7 @@ from PIL import Image
 from imgshards.cli.main import cli
 from imgshards.converter import ManifestError, PackConfig, pack, read_manifest
 from imgshards.converter.imagesizes import SizeStats, size_stats
-from imgshards.converter.resizehint import SAMPLED
+from imgshards.converter.resizehint import HALF_FROM_PIXELS, SAMPLED
 
 LANDSCAPE, PORTRAIT = 14, 6
 
@@ -131,6 +131,12 @@ def test_small_images_get_their_sizes_and_no_estimate(tiny_tree, tmp_path):
     assert min(stats.median) < 512 and size[0] * size[1] <= stats.p95[0] * stats.p95[1]
     summary = json.loads(cli_run("pack", str(tiny_tree), str(tmp_path / "ds2"), "--json"))
     assert summary["splits"]["train"]["resize_hint"] is None
+
+
+def test_the_estimate_models_the_loaders_half_scale_rule():
+    from imgshards.loader.image import scaled
+
+    assert HALF_FROM_PIXELS == scaled.HALF_FROM_PIXELS
 
 
 def test_percentiles_rank_images_by_pixels_and_name_a_size_some_image_has():
