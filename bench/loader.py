@@ -328,7 +328,7 @@ def window_images(packed: Path, args: argparse.Namespace) -> list[bytes]:
 
     def batches(worker: int) -> Iterator[list[bytes]]:
         at = PassPosition(0, (), 0, worker, args.workers)
-        samples = raw_samples(ds.reading, at, ds.counters(worker))
+        samples = raw_samples(ds.read_settings, at, ds.counters(worker))
         for size in ds.plan(at).sizes:
             yield [bytes(s[s.ext]) for s in islice(samples, size)]
 

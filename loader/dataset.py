@@ -48,12 +48,12 @@ DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged sha
 class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
     """An epoch of batches, shared with the DataLoader workers, and the pass each of them runs.
 
-    A subclass sets its settings (:attr:`images`, the attributes :class:`EpochState` reads) and
+    A subclass sets its settings (:attr:`image_settings`, the attributes :class:`EpochState` reads) and
     says how a pass gets its raw batches (:meth:`_raw`), how many batches a leg has
     (:meth:`leg_batches`) and how many samples a rank's pass plans (:meth:`rank_samples`).
     """
 
-    images: ImageSettings
+    image_settings: ImageSettings
     split: str
     mode: Mode
     batch_size: int
@@ -83,12 +83,12 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
     @property
     def transform(self) -> Transform:
         """The transform each image goes through (a preset, or the caller's)."""
-        return self.images.transform
+        return self.image_settings.transform
 
     @property
     def on_error(self) -> str:
         """``"skip"`` (drop, count and warn) or ``"raise"``."""
-        return self.images.on_error
+        return self.image_settings.on_error
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch, for any number of DataLoader workers.
@@ -173,7 +173,7 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         clock = NO_CLOCK if self.step_times is None else self.step_times.clock()
         counters = self.counters(at.worker)
         raw = self._raw(at, counters, clock)
-        return self._recorded(worker_pass(self.images, raw, at, counters, pool=pool, clock=clock), at)
+        return self._recorded(worker_pass(self.image_settings, raw, at, counters, pool=pool, clock=clock), at)
 
     def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
         """``(k, raw samples)`` of the pass of ``at``, the user's raw stages run."""
@@ -400,7 +400,7 @@ class ShardDataset(PassDataset):
             shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
         )
         # What a pass reads, and how it makes batches of it: fixed here, the same in every pass.
-        self.reading = ReadSettings(
+        self.read_settings = ReadSettings(
             self.split_info,
             self.source,
             tuple(self.manifest.classes),
@@ -411,19 +411,19 @@ class ShardDataset(PassDataset):
             views=not (raw_stages or image_stages),
             where=f"split {split!r} at {self.root}",
         )
-        self.images = ImageSettings(
+        self.image_settings = ImageSettings(
             transform, seed, on_error, image_stages=image_stages, offload=self.decode_on is not None
         )
 
     @property
     def raw_stages(self) -> tuple[Stage, ...]:
         """The user's stages on raw samples."""
-        return self.reading.raw_stages
+        return self.read_settings.raw_stages
 
     @property
     def image_stages(self) -> tuple[Stage, ...]:
         """The user's stages on decoded images."""
-        return self.images.image_stages
+        return self.image_settings.image_stages
 
     # ---- what an epoch holds ------------------------------------------------------------------
 
@@ -484,16 +484,16 @@ class ShardDataset(PassDataset):
         return [self.source]
 
     def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        return raw_pass(self.reading, at, counters, clock=clock)
+        return raw_pass(self.read_settings, at, counters, clock=clock)
 
     def raw_samples(self) -> Iterator[RawSample]:
         """The raw samples of a pass of this process starting now, every member (:func:`.stages.samples`)."""
         at = self.begin_pass()
-        return raw_samples(self.reading, at, self.counters(at.worker))
+        return raw_samples(self.read_settings, at, self.counters(at.worker))
 
     def plan(self, at: PassPosition) -> partition.WorkerPlan:
         """What the worker of ``at`` reads in its pass: segments of shards and the size of each batch."""
-        return self.reading.plan(at)
+        return self.read_settings.plan(at)
 
     def __repr__(self) -> str:
         return (

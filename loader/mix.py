@@ -129,7 +129,7 @@ class MixedDataset(PassDataset):
         self.max_lost = float(options.get("max_lost", self.parts[0].max_lost))
         self.decode_on = self.parts[0].decode_on
         # The parts were given the same options: their images' settings are the mix's, with its seed.
-        self.images = replace(self.parts[0].images, seed=seed)
+        self.image_settings = replace(self.parts[0].image_settings, seed=seed)
         self.num_samples = sum(p.num_samples for p in self.parts)
         self.shards_digest = "+".join(p.shards_digest for p in self.parts)
         same = all(p.manifest.classes == self.parts[0].manifest.classes for p in self.parts)
@@ -200,7 +200,7 @@ class MixedDataset(PassDataset):
 
     def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
         """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
-        streams = [raw_pass(p.reading, at, counters, clock=clock) for p in self.parts]
+        streams = [raw_pass(p.read_settings, at, counters, clock=clock) for p in self.parts]
         for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
             k = batches[0][0]
             samples = [

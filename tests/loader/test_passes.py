@@ -59,7 +59,7 @@ def test_the_elastic_replay_yields_the_positions_the_read_yields(
     base = elastic.shard_bases(layout, epoch)
     read = [
         int(base[where[s.key][0]]) + where[s.key][1]
-        for s in passes.raw_samples(ds.reading, at, ds.counters(worker))
+        for s in passes.raw_samples(ds.read_settings, at, ds.counters(worker))
     ]
     plan = ds.plan(at)
     replay = elastic.stream_positions(layout, epoch, plan, base, rank=rank, worker=worker, leg=len(legs))
