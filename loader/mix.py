@@ -35,12 +35,13 @@ import numpy as np
 from imgshards.converter.manifest import read_manifest
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
-from .dataset import PassDataset, ShardDataset
+from .dataset import DEFAULT_MAX_LOST, PassDataset, ShardDataset
 from .epoch import elastic
 from .epoch.position import PassPosition
 from .epoch.seeds import mix_rng
 from .errors import ConfigError
 from .pipeline.batches import LABEL, Batches
+from .pipeline.offload import DecodeOn
 from .pipeline.passes import raw_pass
 from .pipeline.steps import NoClock, StepClock
 from .remote import ShardSource
@@ -126,8 +127,9 @@ class MixedDataset(PassDataset):
             for i, (s, b) in enumerate(zip(sources, self.shares, strict=True))
         ]
         self.split, self.batch_size, self.seed, self.mode = split, batch_size, seed, "train"
-        self.max_lost = float(options.get("max_lost", self.parts[0].max_lost))
-        self.decode_on = self.parts[0].decode_on
+        # The mix's own options (each part checked them as it was made).
+        self.max_lost = float(options.get("max_lost", DEFAULT_MAX_LOST))
+        self.decode_on = DecodeOn.of(options.get("decode_on"))
         # The parts were given the same options: their images' settings are the mix's, with its seed.
         self.image_settings = replace(self.parts[0].image_settings, seed=seed)
         self.num_samples = sum(p.num_samples for p in self.parts)
