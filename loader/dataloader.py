@@ -275,7 +275,7 @@ def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
     """The decoder for ``dataset``'s settings; skipped images count in ``dataset.corrupt_skipped``."""
 
     def on_corrupt(worker: int, e: CorruptImageError) -> None:
-        dataset.count(worker, CORRUPT)
+        dataset.counters(worker).add(CORRUPT)
         warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
 
     return DeviceDecoder(

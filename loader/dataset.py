@@ -152,10 +152,6 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """The counters of process ``worker``, a handle its pass counts in."""
         return self._control.counters(worker)
 
-    def count(self, worker: int, what: int, n: int = 1) -> None:
-        """Add ``n`` to shared counter ``what`` (:data:`.state.cursor.CORRUPT`...) of process ``worker``."""
-        self._control.count(worker, what, n)
-
     # ---- a pass -----------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch | RawBatch]:

@@ -163,7 +163,7 @@ class Counters:
 
     def adder(self, what: int) -> Callable[[int], None]:
         """A function adding its argument to counter ``what``."""
-        return lambda n: self._control.count(self._worker, what, n)
+        return lambda n: self.add(what, n)
 
 
 class SharedControl:
