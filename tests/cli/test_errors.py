@@ -233,7 +233,8 @@ def test_class_folders_that_are_all_split_names_are_refused_naming_the_commands(
     result = run("pack", photos, dst, "--workers", "1", "--no-progress")
     assert result.exit_code == 2  # before: packed two classes, train and val, and exited 0
     error = one_line_error(result)
-    assert error.startswith("Error: refused: the class folders of") and "all split names (train, val)" in error
+    assert error.startswith("Error: refused: the class folders of")
+    assert "all split names (train, val)" in error
     assert f"imgshards pack {photos / 'train'} {dst} --split train" in error
     assert f"imgshards pack {photos / 'val'} {dst} --split val" in error
     assert "--allow-split-names" in error and "Traceback" not in result.output
