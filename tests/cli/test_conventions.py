@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from imgshards.cli.main import cli
 from imgshards.cli.pack import SECTIONS
-from imgshards.converter import PackConfig, dry_run, pack, read_manifest
+from imgshards.converter import PackConfig, SourceError, dry_run, pack, pack_to_url, read_manifest
 
 
 def run(*args: object) -> object:
@@ -210,6 +210,18 @@ def test_a_flat_folder_of_images_names_split_file(tiny_tree, tmp_path):
     assert "no class directories" in error and "only 5 images" in error
     assert "one folder per class" in error and "--split-file" in error
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_tree_of_splits_packed_to_a_url_is_refused_before_any_request(tiny_tree, tmp_path):
+    photos = tmp_path / "photos"
+    shutil.copytree(tiny_tree, photos / "train")
+    shutil.copytree(tiny_tree, photos / "test")
+    url = "s3://no-such-bucket-here/x"  # refused before the bucket is looked up: no server needed
+    result = run("pack", photos, url)
+    assert result.exit_code == 2
+    assert f"imgshards pack {photos / 'test'} {url} --split test" in one_line_error(result)
+    with pytest.raises(SourceError, match=r"^refused: .* all split names \(test, train\)"):
+        pack_to_url(photos, url, PackConfig())
 
 
 def test_a_tree_of_one_split_folder_is_refused_too(tiny_tree, tmp_path):
