@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .exits import CantRun
-from .options import format_bytes, plural
+from .options import format_bytes, plural, workers_option
 from .storage import PathOrURL
 
 if TYPE_CHECKING:
@@ -61,9 +61,7 @@ def _cpus() -> int:
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Images per batch."
 )
-@click.option(
-    "--workers", type=click.IntRange(min=0), default=None, help="DataLoader workers [default: all CPUs]."
-)
+@workers_option("DataLoader workers [default: all CPUs].", min_workers=0)
 @click.option(
     "--prefetch-factor",
     type=click.IntRange(min=1),

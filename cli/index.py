@@ -1,4 +1,4 @@
-"""``imgshards index SRC``."""
+"""``imgshards index DST``: DST, as in every command, is the dataset's directory (or URL)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from imgshards.converter import index as index_shards
 from imgshards.converter.errors import UnreadableSamplesError
 
 from .exits import BadData
-from .options import format_bytes, plural
+from .options import format_bytes, plural, workers_option
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["index"]
 
 
 @click.command()
-@click.argument("src", type=PathOrURL())
+@click.argument("dst", type=PathOrURL())
 @click.option("--split", default="train", show_default=True, help="Name of the split these shards become.")
 @click.option(
-    "--shards", default="*.tar", show_default=True, help="Glob of the split's shard files directly in SRC."
+    "--shards", default="*.tar", show_default=True, help="Glob of the split's shard files directly in DST."
 )
 @click.option(
     "--label-field",
@@ -40,9 +40,7 @@ __all__ = ["index"]
     "splits already indexed, else derived: ids 0..max, or the label names sorted].",
 )
 @click.option("--overwrite", is_flag=True, help="Replace a split of this name that `imgshards pack` made.")
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Shards read at once [default: all cores]."
-)
+@workers_option("Shards read at once [default: all cores].")
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar on stderr [default: when it is a terminal]."
 )
@@ -52,7 +50,7 @@ __all__ = ["index"]
 @click.option("-q", "--quiet", is_flag=True, help="No summary and no progress; warnings still go to stderr.")
 @storage_option
 def index(
-    src: Path | str,
+    dst: Path | str,
     classes_file: Path | None,
     progress: bool | None,
     as_json: bool,
@@ -60,13 +58,13 @@ def index(
     storage_options: dict[str, object],
     **options: object,
 ) -> None:
-    """Write index.json for WebDataset shards in SRC (directory or URL) that another tool wrote.
+    """Write index.json for WebDataset shards in DST (directory or URL) that another tool wrote.
 
     Reads every shard once (never writes to one): counts its samples, hashes it and reads each
-    sample's label, then writes SRC/index.json and timm's SRC/_info.json. Afterwards the loader,
-    verify, info and bench read SRC like a packed dataset. Run it once per split (--split, --shards).
+    sample's label, then writes DST/index.json and timm's DST/_info.json. Afterwards the loader,
+    verify, info and bench read DST like a packed dataset. Run it once per split (--split, --shards).
     """
-    if isinstance(src, Path) and storage_options:
+    if isinstance(dst, Path) and storage_options:
         raise click.UsageError("--storage-option applies to a URL only")
     try:
         config = IndexConfig(
@@ -77,7 +75,7 @@ def index(
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     try:
-        result = index_shards(src, config, storage_options=storage_options)
+        result = index_shards(dst, config, storage_options=storage_options)
     except UnreadableSamplesError as e:
         raise BadData(str(e)) from e  # exit 1: the data is bad, as for verify
     info, classes = result.info, result.manifest.classes
@@ -85,7 +83,7 @@ def index(
         click.secho(f"warning: {warning}", fg="yellow", err=True)
     if as_json:
         doc = {
-            "index": str(join(src, "index.json")),
+            "index": str(join(dst, "index.json")),
             "split": result.split,
             "samples": info.samples,
             "shards": len(info.shards),
@@ -102,7 +100,7 @@ def index(
     if quiet:
         return
     click.echo(
-        f"indexed split {result.split!r} of {src}: {plural(info.samples, 'sample')} of "
+        f"indexed split {result.split!r} of {dst}: {plural(info.samples, 'sample')} of "
         f"{plural(len(classes), 'class', 'classes')} in {plural(len(info.shards), 'shard')} "
         f"({format_bytes(info.bytes)})"
     )
@@ -114,7 +112,7 @@ def index(
         f"  classes per shard: {result.classes_per_shard:.1f} "
         f"(shuffled shards would hold {result.shuffled_classes_per_shard:.1f})"
     )
-    click.echo(f"  wrote {join(src, 'index.json')} and _info.json; the shards are unchanged")
+    click.echo(f"  wrote {join(dst, 'index.json')} and _info.json; the shards are unchanged")
 
 
 def _some(names: tuple[str, ...]) -> str:

@@ -11,6 +11,7 @@ import click
 from imgshards.converter import read_manifest
 from imgshards.converter.remotefs import with_timeouts
 
+from .exits import CantRun
 from .options import format_bytes, plural, shown
 from .storage import PathOrURL, storage_option, timeout_option
 
@@ -19,20 +20,35 @@ __all__ = ["info"]
 
 @click.command()
 @click.argument("dst", type=PathOrURL(file_okay=True))
-@click.option("--json", "as_json", is_flag=True, help="Print the whole index as JSON.")
+@click.option("--split", "splits", multiple=True, help="Describe only this split (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole index (or its --split) as JSON.")
 @storage_option
 @timeout_option
-def info(dst: Path | str, as_json: bool, storage_options: dict[str, object], timeout: float) -> None:
+def info(
+    dst: Path | str,
+    splits: tuple[str, ...],
+    as_json: bool,
+    storage_options: dict[str, object],
+    timeout: float,
+) -> None:
     """Describe the packed dataset in DST (directory or URL): classes, splits, formats, balance, rejects."""
     if isinstance(dst, str):  # a URL: a server that stalls ends the command after --timeout
         storage_options = with_timeouts(dst, storage_options, timeout)
     manifest = read_manifest(dst, storage_options=storage_options)
+    unknown = [name for name in splits if name not in manifest.splits]
+    if unknown:
+        have = ", ".join(map(shown, sorted(manifest.splits))) or "none"
+        raise CantRun(f"{dst} has no split {shown(unknown[0])!r}; its splits: {have}")
+    chosen = sorted(set(splits) or manifest.splits)
     if as_json:
-        click.echo(json.dumps(manifest.to_json(), indent=1))
+        doc = manifest.to_json()
+        doc["splits"] = {name: split for name, split in doc["splits"].items() if name in chosen}
+        click.echo(json.dumps(doc, indent=1))
         return
     names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
     click.echo(f"{dst}: {plural(len(manifest.classes), 'class', 'classes')} ({names})")
-    for name, split in sorted(manifest.splits.items()):
+    for name in chosen:
+        split = manifest.splits[name]
         sizes = [s.bytes for s in split.shards]
         click.echo(
             f"  {shown(name)}: {plural(split.samples, 'sample')} in {plural(len(split.shards), 'shard')} "

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
 from imgshards.converter.errors import printable
 
-__all__ = ["ByteSize", "format_bytes", "plural", "shown"]
+__all__ = ["ByteSize", "SectionedCommand", "format_bytes", "plural", "shown", "workers_option"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _UNITS = {
     "b": 1,
@@ -76,3 +79,40 @@ def shown(text: str) -> str:
     Class names and reject reasons come from a dataset's index, which is untrusted input.
     """
     return printable(text)
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists its options in titled sections, the common ones first.
+
+    Click has no option groups; ``sections`` names each section's options by parameter name
+    (``("Common options", ("split", "workers", "help"))``, ``help`` for ``-h/--help``). An option
+    no section names is listed last under "Other options", never left out.
+    """
+
+    def __init__(self, *args: Any, sections: Sequence[tuple[str, Sequence[str]]] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections = tuple(sections)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Write each section's options, in the sections' order, then any option left."""
+        rows: dict[str, tuple[str, str]] = {}
+        help_option = self.get_help_option(ctx)
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None or not isinstance(param, click.Option):
+                continue  # the arguments are in the usage line and the text
+            # The help option's own name differs between click versions: it is "help" here.
+            rows["help" if param is help_option else str(param.name)] = record
+        for title, names in self.sections:
+            listed = [rows.pop(name) for name in names if name in rows]
+            if listed:
+                with formatter.section(title):
+                    formatter.write_dl(listed)
+        if rows:
+            with formatter.section("Other options"):
+                formatter.write_dl(list(rows.values()))
+
+
+def workers_option(help_text: str, *, min_workers: int = 1) -> Callable[[F], F]:
+    """``-j/--workers N``, as ``make -j`` spells it: the same two names on every command."""
+    return click.option("-j", "--workers", type=click.IntRange(min=min_workers), default=None, help=help_text)

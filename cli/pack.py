@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +15,52 @@ from imgshards.converter import (
     DEFAULT_SHARD_SIZE,
     ENGINES,
     Check,
+    DryRun,
     PackConfig,
     PackResult,
     ReadOrder,
     SourceError,
     pack_to_url,
     reader_warnings,
-    tree_warnings,
 )
+from imgshards.converter import dry_run as plan_pack
 from imgshards.converter import pack as pack_tree
+from imgshards.converter.pack import check_source
 from imgshards.converter.tarwriter import END_AT_MOST, RECORD
 
 from .exits import BadData
-from .options import ByteSize, format_bytes, plural, shown
+from .info import balance
+from .options import ByteSize, SectionedCommand, format_bytes, plural, shown, workers_option
 from .storage import PathOrURL, join, storage_option
 
-__all__ = ["pack", "print_summary", "summary_json"]
+__all__ = ["SECTIONS", "dry_run_json", "pack", "print_dry_run", "print_summary", "summary_json"]
 
 
-@click.command()
+# The options of `pack --help`, in sections: what most runs set first, then the rest by topic.
+SECTIONS = (
+    (
+        "Common options",
+        (
+            "split",
+            "val_fraction",
+            "shard_size",
+            "max_samples",
+            "workers",
+            "dry_run",
+            "quiet",
+            "as_json",
+            "help",
+        ),
+    ),
+    ("Splits", ("val_split", "split_file")),
+    ("Images", ("check", "max_pixels", "resize", "quality", "keep_formats")),
+    ("A source that looks wrong", ("allow_split_names", "strict")),
+    ("Runs and resume", ("seed", "overwrite", "read_order", "progress")),
+    ("Cluster and URL destinations", ("engine", "ray_address", "staging", "storage_options")),
+)
+
+
+@click.command(cls=SectionedCommand, sections=SECTIONS)
 @click.argument("src", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("dst", type=PathOrURL())
 @click.option("--split", default="train", show_default=True, help="Split name; the shards' prefix.")
@@ -43,6 +72,16 @@ __all__ = ["pack", "print_summary", "summary_json"]
     help="Close a shard before its samples pass this size (256MB, 1GiB...). The tar's end adds up to "
     f"{END_AT_MOST:,} bytes to the file (two end blocks, padding to a {RECORD:,}-byte record); an "
     "image larger than this gets a shard of its own.",
+)
+@click.option(
+    "--max-samples",
+    "--maxcount",
+    "max_samples",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Also close a shard once it holds N samples (tarp's --maxcount, ShardWriter(maxcount=)) "
+    "[default: no cap, the size decides].",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the global shuffle.")
 @click.option(
@@ -93,9 +132,7 @@ __all__ = ["pack", "print_summary", "summary_json"]
     default=None,
     help='JSON {"train": [paths...], "val": [...]} of paths relative to SRC: pack these splits.',
 )
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
-)
+@workers_option("Worker processes [default: all cores].")
 @click.option(
     "--read-order",
     type=click.Choice([r.value for r in ReadOrder]),
@@ -120,15 +157,27 @@ __all__ = ["pack", "print_summary", "summary_json"]
 )
 @click.option("--overwrite", is_flag=True, help="Replace a split packed into DST with other arguments.")
 @click.option(
+    "--allow-split-names",
+    is_flag=True,
+    help="Pack a SRC whose class folders are all named like splits (train, val, test...) as classes; "
+    "refused otherwise, naming the commands that pack each split from its own tree.",
+)
+@click.option(
     "--strict",
     is_flag=True,
-    help="Refuse a SRC that looks like the wrong folder (class folders named train/val/test, or "
-    "holding only folders) instead of warning.",
+    help="Refuse a SRC that looks like the wrong folder (some class folders named like splits, or "
+    "every one holding only folders) instead of warning.",
 )
 @click.option(
     "--progress/--no-progress",
     default=None,
     help="Progress bars on stderr [default: when stderr is a terminal and not -q].",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what would be packed (classes, samples, shards, the rejects a scan finds, an estimated "
+    "size) and write nothing: DST is not even created.",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the summary."
@@ -149,6 +198,7 @@ def pack(
     as_json: bool,
     quiet: bool,
     progress: bool | None,
+    dry_run: bool,
     **options: Any,
 ) -> None:
     """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into WebDataset shards in DST.
@@ -156,9 +206,10 @@ def pack(
     DST is a directory or any fsspec URL (s3://bucket/prefix, gs://...): each shard is uploaded as
     soon as it is written, the index last. Every file under SRC is either packed or listed, with its
     reason, in DST/.imgshards/rejects/<split>.jsonl. Run the same command again after a crash to
-    finish the job; the output is the same as an uninterrupted run's. A SRC that looks like the wrong
-    folder (class folders named train/val/test, or holding only folders) gets a warning naming the
-    command probably meant; --strict refuses it.
+    finish the job; the output is the same as an uninterrupted run's. A SRC whose class folders are
+    all named like splits (photos/ holding train/ and val/) is refused, naming the commands meant;
+    one that only looks wrong gets a warning (--strict refuses it). --dry-run says what a pack
+    would write, and writes nothing.
 
     Exit status: 0 done, 1 every file of a split was rejected, 2 cannot run (bad arguments, source
     or destination).
@@ -173,15 +224,24 @@ def pack(
     if options["val_split"] != "val" and options["val_fraction"] is None:
         raise click.UsageError("--val-split names the split of --val-fraction; add --val-fraction F")
     if progress is None:
-        progress = not quiet and sys.stderr.isatty()
+        progress = not quiet and not dry_run and sys.stderr.isatty()
     try:
         config = PackConfig(progress=progress, **options)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    for warning in tree_warnings(src, dst=str(dst)):  # before the pack: a wrong SRC is seen at once
+    # Before the pack, so a wrong SRC is seen at once; --strict is told here, in the flag's own name.
+    for warning in check_source(src, dst, replace(config, strict=False)):
         if config.strict:
             raise SourceError(f"refused (--strict): {warning}")
-        click.secho(f"warning: {warning}", fg="yellow", err=True)
+        if not dry_run:  # a dry run prints its warnings in its report
+            click.secho(f"warning: {warning}", fg="yellow", err=True)
+    if dry_run:
+        plan = plan_pack(src, dst, config)
+        if as_json:
+            click.echo(json.dumps(dry_run_json(plan, dst, config), indent=1))
+        elif not quiet:
+            print_dry_run(plan, dst, config)
+        return
     if isinstance(dst, str):
         result = pack_to_url(src, dst, config, storage_options=storage_options, staging=staging)
     else:
@@ -197,6 +257,58 @@ def pack(
     if rejected_all:
         where = ", ".join(str(join(result.dst, str(i.rejects_file))) for i in result.infos if i.samples == 0)
         raise BadData(f"every file of split(s) {', '.join(rejected_all)} was rejected: see {where}")
+
+
+def dry_run_json(plan: DryRun, dst: Path | str, config: PackConfig) -> dict[str, Any]:
+    """What ``pack --dry-run --json`` prints: per split its samples, shards, estimated bytes, rejects."""
+    return {
+        "dry_run": True,
+        "src": str(plan.src),
+        "dst": str(dst),
+        "classes": list(plan.classes),
+        "splits": {
+            split.name: {
+                "samples": split.samples,
+                "shards": split.shards,
+                "shard_samples": list(split.shard_samples),
+                "bytes_estimate": split.bytes,
+                "class_counts": dict(zip(plan.classes, split.class_counts, strict=True)),
+                "rejects": {"total": split.rejects_total, "by_reason": dict(split.rejects_by_reason)},
+            }
+            for split in plan.splits
+        },
+        "shard_size": config.shard_size,
+        "max_samples": config.max_samples,
+        "warnings": list(plan.warnings),
+    }
+
+
+def print_dry_run(plan: DryRun, dst: Path | str, config: PackConfig) -> None:
+    """Print what a pack would write into ``dst``, split by split; then that nothing was written."""
+    names = ", ".join(map(shown, plan.classes[:5])) + (", ..." if len(plan.classes) > 5 else "")
+    click.echo(f"dry run: {plan.src} holds {plural(len(plan.classes), 'class', 'classes')} ({names})")
+    cap = f", at most {plural(config.max_samples, 'sample')} each" if config.max_samples else ""
+    for split in plan.splits:
+        low, high = min(split.shard_samples), max(split.shard_samples)
+        per_shard = f"{low:,}" if low == high else f"{low:,}..{high:,}"
+        click.echo(
+            f"  split {split.name!r}: {plural(split.samples, 'sample')} in {plural(split.shards, 'shard')} "
+            f"of {per_shard} samples, about {format_bytes(split.bytes)} "
+            f"(shards up to {format_bytes(config.shard_size)}{cap})"
+        )
+        click.echo(f"    per class: {balance(plan.classes, split.class_counts)}")
+        if split.rejects_total:
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in split.rejects_by_reason.items())
+            click.echo(f"    rejected by the scan: {plural(split.rejects_total, 'file')} ({reasons})")
+        else:
+            click.echo("    rejected by the scan: none")
+    for warning in plan.warnings:
+        click.secho(f"  warning: {warning}", fg="yellow")
+    check = Check(config.check).value
+    click.echo(
+        f"nothing written to {dst}; without --dry-run, pack also checks each image (--check {check}), "
+        "which may reject more, and converts formats, which changes the sizes"
+    )
 
 
 def _warnings(result: PackResult) -> list[str]:
@@ -253,8 +365,12 @@ def _hint_json(result: PackResult, split: str) -> dict[str, Any] | None:
     return None if hint is None else {**hint.to_json(), "line": hint.line()}
 
 
-def print_summary(result: PackResult) -> None:
-    """Print what a pack did per split (formats, conversions, rejects), then the run, then warnings."""
+def print_summary(result: PackResult, *, rejects: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Print what a pack did per split (formats, conversions, rejects), then the run, then warnings.
+
+    ``rejects`` maps a split to its rejected files, listed instead of the rejects file's path (the
+    demo's, whose file is gone when the command ends).
+    """
     for info in result.infos:
         classes = plural(len(result.manifest.classes), "class", "classes")
         click.echo(
@@ -274,8 +390,13 @@ def print_summary(result: PackResult) -> None:
             click.echo(f"  {hint.line()}")
         if info.rejects_total:
             reasons = ", ".join(f"{reason} {n:,}" for reason, n in info.rejects_by_reason.items())
-            where = join(result.dst, str(info.rejects_file))
-            click.echo(f"  rejected {plural(info.rejects_total, 'file')} ({reasons}): see {where}")
+            if rejects is not None and info.name in rejects:
+                click.echo(f"  rejected {plural(info.rejects_total, 'file')} ({reasons}):")
+                for line in rejects[info.name]:
+                    click.echo(f"    {shown(line)}")
+            else:
+                where = join(result.dst, str(info.rejects_file))
+                click.echo(f"  rejected {plural(info.rejects_total, 'file')} ({reasons}): see {where}")
         else:
             click.echo("  no file rejected")
     samples = sum(info.samples for info in result.infos)

@@ -11,7 +11,7 @@ from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
 
 from .exits import BadData
-from .options import plural, shown
+from .options import plural, shown, workers_option
 from .storage import PathOrURL, join, storage_option, timeout_option
 
 __all__ = ["SHOWN_PROBLEMS", "verify"]
@@ -22,9 +22,7 @@ SHOWN_PROBLEMS = 20  # the first problems printed one a line; the rest are count
 @click.command()
 @click.argument("dst", type=PathOrURL(file_okay=True))
 @click.option("--split", "splits", multiple=True, help="Verify only this split (repeatable).")
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Worker processes [default: all cores]."
-)
+@workers_option("Worker processes [default: all cores].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; the exit status tells.")
 @storage_option

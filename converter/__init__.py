@@ -7,6 +7,7 @@ Then verify and describe them.
 
 from .check import Check, Reason
 from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
+from .dryrun import DryRun, SplitPlan, dry_run
 from .errors import DestinationError, EngineError, ImgshardsError, ManifestError, SourceError, SplitFileError
 from .formats import reader_warnings
 from .index import IndexConfig, IndexResult, index, read_classes
@@ -14,7 +15,7 @@ from .manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, r
 from .pack import pack
 from .readorder import ReadOrder
 from .remote import pack_to_url, verify_url
-from .scan import IMG_EXTENSIONS, ScanResult, scan_tree, tree_warnings
+from .scan import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
 from .synthetic import make_synthetic_tree
 from .verify import ShardProblem, VerifyReport, verify
 
@@ -25,6 +26,7 @@ __all__ = [
     "INDEX_NAME",
     "Check",
     "DestinationError",
+    "DryRun",
     "EngineError",
     "ImgshardsError",
     "IndexConfig",
@@ -43,7 +45,9 @@ __all__ = [
     "SourceError",
     "SplitFileError",
     "SplitInfo",
+    "SplitPlan",
     "VerifyReport",
+    "dry_run",
     "index",
     "make_synthetic_tree",
     "pack",
@@ -52,6 +56,7 @@ __all__ = [
     "read_manifest",
     "reader_warnings",
     "scan_tree",
+    "split_tree_error",
     "tree_warnings",
     "verify",
     "verify_url",

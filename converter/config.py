@@ -35,6 +35,8 @@ class PackConfig:
             digits and underscores. With ``val_fraction``, the split of the rest of the tree.
         shard_size: Shards are closed before their members pass this many bytes (at least one
             sample each); the end of the tar adds up to ``tarwriter.END_AT_MOST`` bytes to the file.
+        max_samples: Also close a shard once it holds this many samples (tarp's ``--maxcount``,
+            ``webdataset.ShardWriter(maxcount=)``); ``None``: the size alone decides.
         seed: Seed of the global shuffle that mixes classes across shards.
         check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
             (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.
@@ -64,11 +66,15 @@ class PackConfig:
         strict: Refuse a tree that looks like the wrong folder (class folders named like splits, or
             only folders at the top of every class folder: see :func:`~.scan.tree_warnings`)
             instead of packing it with a warning in :attr:`PackResult.warnings`.
+        allow_split_names: Pack a tree whose class folders are all named like splits (``train``,
+            ``val``...) as classes. Refused otherwise: it is the folder above the trees of the
+            splits far more often than a dataset of those classes (see :func:`~.scan.split_tree_error`).
 
     """
 
     split: str = "train"
     shard_size: int = DEFAULT_SHARD_SIZE
+    max_samples: int | None = None
     seed: int = 0
     check: Check | str = Check.HEADER
     max_pixels: int | None = None
@@ -85,6 +91,7 @@ class PackConfig:
     overwrite: bool = False
     progress: bool = False
     strict: bool = False
+    allow_split_names: bool = False
 
     def __post_init__(self) -> None:
         for name, value in (("split", self.split), ("val_split", self.val_split)):
@@ -109,6 +116,8 @@ class PackConfig:
         except ValueError:
             allowed = ", ".join(c.value for c in Check)
             raise ValueError(f"check must be one of {allowed}; got {self.check!r}") from None
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be a positive number of samples, got {self.max_samples}")
         if self.max_pixels is not None and self.max_pixels < 1:
             raise ValueError(f"max_pixels must be a positive number of pixels, got {self.max_pixels}")
         if self.resize is not None and self.resize < 1:
@@ -125,9 +134,12 @@ class PackConfig:
     def output_args(self, src: Path) -> dict[str, Any]:
         """The arguments that shape the output, as recorded in the index."""
         check = self.check.value if isinstance(self.check, Check) else self.check
-        bound = {} if self.max_pixels is None else {"max_pixels": self.max_pixels}  # packs before it match
+        # Recorded only when set, so the packs made before these options still match their reruns.
+        bound = {} if self.max_pixels is None else {"max_pixels": self.max_pixels}
+        count = {} if self.max_samples is None else {"max_samples": self.max_samples}
         return {
             **bound,
+            **count,
             "source": str(src),
             "seed": self.seed,
             "shard_size": self.shard_size,

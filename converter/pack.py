@@ -47,7 +47,7 @@ from .errors import DestinationError, SourceError
 from .failures import explained
 from .formats import main_format
 from .imagesizes import SizeStats, size_stats
-from .locate import missing_path, url_typo
+from .locate import is_url, missing_path, url_typo
 from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .plan import Plan, estimated_sample_bytes
 from .pool import Progress
@@ -55,13 +55,13 @@ from .readorder import ReadOrder, choose_read_order
 from .resizehint import ResizeHint, resize_hint
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
-from .scan import Reject, ScanResult, scan_tree, tree_warnings
+from .scan import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
 from .splits import Part, read_split_file
 from .tasks import plan_part, shard_task, split_names, split_parts
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, gather, write_shard
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "pack"]
+__all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "check_source", "pack"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,9 @@ def pack(
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree, or a split of it would be empty, or
-            (``config.strict``) it looks like the wrong folder (:func:`~.scan.tree_warnings`).
+            its class folders are all split names (:func:`~.scan.split_tree_error`, unless
+            ``config.allow_split_names``), or (``config.strict``) it looks like the wrong folder
+            (:func:`~.scan.tree_warnings`).
         SplitFileError: ``config.split_file`` is unusable.
         DestinationError: ``dst`` holds a conflicting pack (other arguments, tree or classes), or
             another ``pack`` is writing the same split there.
@@ -92,18 +94,8 @@ def pack(
     """
     config = config or PackConfig()
     started = time.perf_counter()
-    if (meant := url_typo(dst)) is not None:  # else a local folder named "s3:" would be made
-        raise DestinationError(f"{os.fspath(dst)} is a URL with a slash missing; write {meant}")
+    suspicious = check_source(src, dst, config)
     src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
-    if dst_path == src_path or src_path in dst_path.parents:
-        raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
-    if not src_path.exists():
-        raise SourceError(f"source directory {os.fspath(src)} does not exist: {missing_path(Path(src))}")
-    if not src_path.is_dir():
-        raise SourceError(f"source {os.fspath(src)} is not a directory; give the root of an ImageFolder tree")
-    suspicious = tree_warnings(src, dst=os.fspath(dst))  # the paths as the caller wrote them
-    if config.strict and suspicious:
-        raise SourceError(f"refused (strict): {suspicious[0]}")
     listed = read_split_file(config.split_file) if config.split_file is not None else None
     names = split_names(config, listed)
     planned: list[int] = []  # the shards' estimated bytes, for a disk-full message
@@ -156,6 +148,38 @@ def pack(
         retried=tuple(retried),
         hints=hints,
     )
+
+
+def check_source(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig
+) -> tuple[str, ...]:
+    """Refuse a source or destination (directory or URL) that cannot be packed; return the warnings.
+
+    Reads the names at the top of ``src`` only (see :func:`~.scan.tree_warnings`), nothing of
+    ``dst``: a dry run (:mod:`.dryrun`) asks it too, and writes nothing.
+
+    Raises:
+        SourceError: ``src`` is missing or not a directory, its class folders are all split names
+            (unless ``config.allow_split_names``), or (``config.strict``) it looks like the wrong folder.
+        DestinationError: ``dst`` is a URL with a slash missing, or inside ``src``.
+
+    """
+    if (meant := url_typo(dst)) is not None:  # else a local folder named "s3:" would be made
+        raise DestinationError(f"{os.fspath(dst)} is a URL with a slash missing; write {meant}")
+    src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
+    if not is_url(dst) and (dst_path == src_path or src_path in dst_path.parents):
+        raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
+    if not src_path.exists():
+        raise SourceError(f"source directory {os.fspath(src)} does not exist: {missing_path(Path(src))}")
+    if not src_path.is_dir():
+        raise SourceError(f"source {os.fspath(src)} is not a directory; give the root of an ImageFolder tree")
+    # The paths as the caller wrote them, in the commands the messages name.
+    if not config.allow_split_names and (refusal := split_tree_error(src, dst=os.fspath(dst))):
+        raise SourceError(f"refused: {refusal}")
+    suspicious = tree_warnings(src, dst=os.fspath(dst))
+    if config.strict and suspicious:
+        raise SourceError(f"refused (strict): {suspicious[0]}")
+    return suspicious
 
 
 def _scan(src: Path, pool: Executor, progress: bool) -> ScanResult:

@@ -1,7 +1,7 @@
-"""Decide which sample goes to which shard: a seeded global shuffle, then shards closed by size.
+"""Decide which sample goes to which shard: a seeded global shuffle, then shards closed by size or count.
 
-The plan is a pure function of the scan (paths, labels, sizes in ImageFolder order) and the seed and
-shard size, so the same inputs give the same shards on any machine, whatever the worker count.
+The plan is a pure function of the scan (paths, labels, sizes in ImageFolder order) and the seed,
+shard size and sample cap, so the same inputs give the same shards on any machine, whatever the worker count.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ def estimated_sample_bytes(sizes: np.ndarray) -> np.ndarray:
     return BLOCK + -(-sizes // BLOCK) * BLOCK + _SAMPLE_OVERHEAD  # as tarwriter.member_size
 
 
-def make_plan(scan: ScanResult, *, seed: int, shard_size: int) -> Plan:
+def make_plan(scan: ScanResult, *, seed: int, shard_size: int, max_samples: int | None = None) -> Plan:
     """Shuffle the samples with ``seed`` and cut them into shards of at most ``shard_size`` bytes.
 
     A shard holds at least one sample, so a single image larger than ``shard_size`` gets a shard of
-    its own. The estimate is exact for images stored as they are; re-encoded ones come out smaller.
+    its own, and at most ``max_samples`` samples (``None``: no cap). The estimate is exact for
+    images stored as they are; re-encoded ones come out smaller.
     """
     n = len(scan)
     order = np.random.default_rng(seed).permutation(n)
@@ -62,6 +63,8 @@ def make_plan(scan: ScanResult, *, seed: int, shard_size: int) -> Plan:
         start = bounds[-1]
         base = ends[start - 1] if start else 0
         stop = int(np.searchsorted(ends, base + shard_size, side="right"))
+        if max_samples is not None:
+            stop = min(stop, start + max_samples)
         bounds.append(max(stop, start + 1))
     return Plan(
         order=order,

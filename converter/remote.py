@@ -51,7 +51,7 @@ from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_mani
 from .pack import pack
 from .remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from .safefs import make_dirs, remove, write_atomic
-from .scan import tree_warnings
+from .scan import split_tree_error, tree_warnings
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
@@ -94,6 +94,8 @@ def pack_to_url(
         )
     if config.engine == "ray" and staging is None:
         raise DestinationError(f"--engine ray with a URL ({url}) needs --staging DIR, one every node sees")
+    if not config.allow_split_names and (refusal := split_tree_error(src, dst=url)):  # before the network
+        raise SourceError(f"refused: {refusal}")
     if config.strict and (suspicious := tree_warnings(src, dst=url)):  # before the check's network call
         raise SourceError(f"refused (strict): {suspicious[0]}")
     # Every request of the pack waits at most DEFAULT_TIMEOUT on the server, then is retried.

@@ -32,7 +32,16 @@ from .check import Reason
 from .errors import SourceError, printable
 from .locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
 
-__all__ = ["IMG_EXTENSIONS", "SPLIT_NAMES", "PathTable", "Reject", "ScanResult", "scan_tree", "tree_warnings"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "SPLIT_NAMES",
+    "PathTable",
+    "Reject",
+    "ScanResult",
+    "scan_tree",
+    "split_tree_error",
+    "tree_warnings",
+]
 
 _PACKED_EXTENSIONS = IMG_EXTENSIONS + PHOTO_EXTENSIONS
 # Folder names that mean a split of a dataset, not a class of it.
@@ -219,6 +228,15 @@ def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
         raise SourceError(f"cannot read source directory {root}: {e.strerror}") from e
     classes = sorted(e.name for e in entries if e.is_dir())
     if not classes:
+        images = sorted(e.name for e in entries if e.name.lower().endswith(_PACKED_EXTENSIONS))
+        if images:  # a flat folder of images: the labels are nowhere yet
+            some = ", ".join(printable(name) for name in images[:2]) + (", ..." if len(images) > 2 else "")
+            raise SourceError(
+                f"no class directories in {root}, only {len(images):,} image{'s' if len(images) > 1 else ''} "
+                f"({some}): an image's class is the folder it is in, root/<class>/<image>; move them into "
+                "one folder per class (then, to choose the train and val images yourself, list them in a "
+                "JSON file for --split-file)"
+            )
         raise SourceError(
             f"no class directories in {root}: an ImageFolder tree is root/<class>/<image>, "
             "one subdirectory per class"
@@ -303,6 +321,29 @@ def scan_tree(
         sizes=np.concatenate(sizes),
         inodes=np.concatenate(inodes),
         rejects=rejects,
+    )
+
+
+def split_tree_error(root: str | os.PathLike[str], dst: str = "DST") -> str | None:
+    """Why ``root`` is refused when every one of its class folders is named like a split, else None.
+
+    Such a root (``photos/`` holding ``train/`` and ``val/``) is the folder above the trees of the
+    splits far more often than a dataset whose classes are called ``train`` and ``val``: packing it
+    would make those two classes and exit 0. The message names the commands probably meant, and
+    ``--allow-split-names`` (``PackConfig(allow_split_names=True)``), which packs it anyway.
+    """
+    root = Path(root)
+    try:
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except OSError:
+        return None  # the scan says what is wrong with the root
+    if not classes or not all(name.lower() in SPLIT_NAMES for name in classes):
+        return None
+    commands = "; ".join(f"imgshards pack {root / name} {dst} --split {_flag(name)}" for name in classes)
+    return (
+        f"the class folders of {root} are all split names ({', '.join(map(printable, classes))}), not "
+        f"classes: pack each split from its own tree: {commands} (--allow-split-names packs them as "
+        "classes anyway)"
     )
 
 

@@ -58,7 +58,9 @@ def split_parts(scan: ScanResult, config: PackConfig, listed: dict[str, list[str
 
 def plan_part(part: Part, tree_size: int, config: PackConfig) -> Plan:
     """The part's plan; its keys are positions in the whole tree, and its fingerprint covers them."""
-    plan = make_plan(part.scan, seed=config.seed, shard_size=config.shard_size)
+    plan = make_plan(
+        part.scan, seed=config.seed, shard_size=config.shard_size, max_samples=config.max_samples
+    )
     if part.whole:
         return plan
     h = hashlib.sha256(plan.fingerprint.encode())

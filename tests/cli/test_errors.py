@@ -228,18 +228,43 @@ def photos(tiny_tree, tmp_path) -> Path:
     return root
 
 
-def test_class_folders_named_like_splits_are_warned_about(photos, tmp_path):
+def test_class_folders_that_are_all_split_names_are_refused_naming_the_commands(photos, tmp_path):
     dst = tmp_path / "shards"
     result = run("pack", photos, dst, "--workers", "1", "--no-progress")
+    assert result.exit_code == 2  # before: packed two classes, train and val, and exited 0
+    error = one_line_error(result)
+    assert error.startswith("Error: refused: the class folders of")
+    assert "all split names (train, val)" in error
+    assert f"imgshards pack {photos / 'train'} {dst} --split train" in error
+    assert f"imgshards pack {photos / 'val'} {dst} --split val" in error
+    assert "--allow-split-names" in error and "Traceback" not in result.output
+    assert not dst.exists()
+    with pytest.raises(SourceError, match=r"^refused: the class folders .* all split names"):
+        pack(photos, dst, PackConfig(workers=1))
+    assert not dst.exists()
+
+
+def test_allow_split_names_packs_them_as_classes_with_the_warning(photos, tmp_path):
+    dst = tmp_path / "shards"
+    result = run("pack", photos, dst, "--workers", "1", "--no-progress", "--allow-split-names")
     assert result.exit_code == 0  # packed, as asked, with a warning saying what was probably meant
     warning = result.stderr.strip()
     assert warning.startswith("warning: the class folders of") and "named like splits (train, val)" in warning
     assert f"imgshards pack {photos / 'train'} {dst} --split train" in warning
-    assert f"imgshards pack {photos / 'val'} {dst} --split val" in warning
     assert "warning: the class folders" in result.stdout  # repeated after the summary
+    assert read_manifest(dst).classes == ("train", "val")
+
+
+def test_some_class_folders_named_like_splits_are_warned_about(photos, tmp_path):
+    shutil.copytree(photos / "val", photos / "extra")  # not a split name: a dataset could mean it
+    dst = tmp_path / "shards"
+    result = run("pack", photos, dst, "--workers", "1", "--no-progress")
+    assert result.exit_code == 0
+    assert "named like splits (train, val)" in result.stderr
 
 
 def test_strict_refuses_a_suspicious_tree_and_leaves_nothing(photos, tmp_path):
+    shutil.copytree(photos / "val", photos / "extra")
     dst = tmp_path / "shards"
     result = run("pack", photos, dst, "--strict")
     assert result.exit_code == 2

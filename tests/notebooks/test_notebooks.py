@@ -5,6 +5,8 @@ leaves no temporary directory behind: neither when it runs to its last cell (whi
 the kernel stops before (the notebook's ``atexit`` hook removes it then). The kernel runs with
 ``IMGSHARDS_NOTEBOOK_SMALL=1``, which the notebooks read to shrink their demo and their rounds, and
 with ``TMPDIR`` in the test's own directory, where the demo's ``imgshards-notebook-*`` folder is made.
+A notebook is pointed at a dataset without editing it: ``IMGSHARDS_DATA``, read by its first code
+cell, which is tagged ``parameters`` for papermill's ``-p DST ...``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
+
+from imgshards.converter import PackConfig, make_synthetic_tree, pack
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 240
@@ -71,11 +75,18 @@ def test_reads_the_small_switch_and_cleans_up(path):
     assert "atexit.register(" in source, f"{path.name}: remove the demo directory when the kernel stops"
 
 
-def _run(nb, tmp_path: Path) -> Path:
-    """Run ``nb`` in a fresh kernel, then shut the kernel down as a user's Jupyter does; return its TMPDIR."""
+def _run(nb, tmp_path: Path, data: Path | None = None) -> Path:
+    """Run ``nb`` in a fresh kernel, then shut the kernel down as a user's Jupyter does; return its TMPDIR.
+
+    ``data``: the dataset given in ``IMGSHARDS_DATA``; None runs the notebook's demo (whatever the
+    environment running the tests holds).
+    """
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir), "IMGSHARDS_NOTEBOOK_SMALL": "1"}
+    env.pop("IMGSHARDS_DATA", None)
+    if data is not None:
+        env["IMGSHARDS_DATA"] = str(data)
     env.pop("MPLBACKEND", None)  # the kernel's inline backend, which makes the PNG outputs
     # ipykernel's own "python3" spec, whose command is this interpreter: a user's or the system's
     # kernelspec of the same name could start another Python, without imgshards installed.
@@ -123,3 +134,36 @@ def test_a_kernel_stopped_early_removes_the_demo(path, tmp_path):
     assert str(tmpdir / DEMO_PREFIX) in printed, "the demo was not made under TMPDIR"
     left = list(tmpdir.glob(f"{DEMO_PREFIX}*"))
     assert not left, f"{path.name} left {left} behind when stopped after cell {demo}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_first_code_cell_takes_the_dataset_from_the_environment_and_papermill(path):
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert "parameters" in first.metadata.get("tags", []), (
+        f"{path.name}: tag the first code cell 'parameters'"
+    )
+    assert 'DST = os.environ.get("IMGSHARDS_DATA")' in first.source
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """A packed dataset of the notebooks' kind (train and val), made through the real packer."""
+    root = tmp_path_factory.mktemp("given")
+    src = make_synthetic_tree(root / "photos", classes=8, per_class=40)
+    return pack(src, root / "shards", PackConfig(val_fraction=0.25, shard_size=300_000, workers=2)).dst
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_runs_on_the_dataset_imgshards_data_names(path, tmp_path, dataset):
+    nb = nbformat.read(path, as_version=4)
+    tmpdir = _run(nb, tmp_path, data=dataset)
+    outputs = _outputs(nb)
+    stderr = [(i, out.text) for i, out in outputs if out.output_type == "stream" and out.name == "stderr"]
+    assert not stderr, f"{path.name} wrote to stderr (cell, text): {stderr}"
+    printed = "".join(out.text for _, out in outputs if out.output_type == "stream")
+    assert f"dataset: {dataset}" in printed
+    assert DEMO_PREFIX not in printed and not list(tmpdir.glob(f"{DEMO_PREFIX}*")), (
+        "it built the demo instead"
+    )
+    assert any(out.output_type == "display_data" and "image/png" in out.data for _, out in outputs)
