@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from imgshards.converter import read_manifest
+from imgshards.converter.locate import redact_url
 from imgshards.converter.remotefs import with_timeouts
 
 from .options import format_bytes, plural, shown
@@ -28,10 +29,10 @@ def info(dst: Path | str, as_json: bool, storage_options: dict[str, object], tim
         storage_options = with_timeouts(dst, storage_options, timeout)
     manifest = read_manifest(dst, storage_options=storage_options)
     if as_json:
-        click.echo(json.dumps(manifest.to_json(), indent=1))
+        click.echo(redact_url(json.dumps(manifest.to_json(), indent=1)))  # a recorded source, say
         return
     names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
-    click.echo(f"{dst}: {plural(len(manifest.classes), 'class', 'classes')} ({names})")
+    click.echo(f"{redact_url(str(dst))}: {plural(len(manifest.classes), 'class', 'classes')} ({names})")
     for name, split in sorted(manifest.splits.items()):
         sizes = [s.bytes for s in split.shards]
         click.echo(
