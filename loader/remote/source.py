@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from imgshards.converter.errors import ManifestError
-from imgshards.converter.locate import redact_url
+from imgshards.converter.locate import redact_url, shown_cause
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 from imgshards.converter.remotefs import with_timeouts
 
@@ -246,7 +246,11 @@ class _ProcessState:
             status = getattr(e, "status", None)  # aiohttp's ClientResponseError is no OSError
             if isinstance(e, (OSError, NotImplementedError, ValueError)) or status in (403, 404, 405):
                 return None
-            raise
+            text = " ".join(redact_url(str(e)).split())  # its URL may hold a password
+            raise ShardAccessError(
+                f"cannot list {redact_url(self.source.root)}: {type(e).__name__}: {text}; check the URL "
+                "and the credentials"
+            ) from shown_cause(e)
         sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
         return sizes if INDEX_NAME in sizes else None  # else not a listing of this dataset's root
 
