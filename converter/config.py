@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from .check import Check
-from .locate import redact_url
 from .manifest import Manifest, SplitInfo
 from .readorder import ReadOrder
 from .resizehint import ResizeHint
@@ -129,7 +128,7 @@ class PackConfig:
         bound = {} if self.max_pixels is None else {"max_pixels": self.max_pixels}  # packs before it match
         return {
             **bound,
-            "source": redact_url(str(src)),  # the index is read by others
+            "source": str(src),
             "seed": self.seed,
             "shard_size": self.shard_size,
             "check": check,
