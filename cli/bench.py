@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from imgshards.converter.locate import redact_url
+
 from .exits import CantRun
 from .options import format_bytes, plural, workers_option
 from .storage import PathOrURL
@@ -135,8 +137,8 @@ def bench(
     """
     if isinstance(dst, str):  # a URL: the page-cache and reject accounting are a local folder's
         raise CantRun(
-            f"imgshards bench measures a local dataset, not the URL {dst}: copy it into a folder "
-            "first (aws s3 sync, gsutil rsync...), then `imgshards bench FOLDER`"
+            f"imgshards bench measures a local dataset, not the URL {redact_url(str(dst))}: copy it into a "
+            "folder first (aws s3 sync, gsutil rsync...), then `imgshards bench FOLDER`"
         )
     if workers is not None and sweep_workers is not None:
         raise click.UsageError("--workers and --sweep-workers both set the worker count; give one")

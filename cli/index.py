@@ -11,6 +11,7 @@ import click
 from imgshards.converter import IndexConfig, read_classes
 from imgshards.converter import index as index_shards
 from imgshards.converter.errors import UnreadableSamplesError
+from imgshards.converter.locate import redact_url
 
 from .exits import BadData
 from .options import format_bytes, plural, workers_option
@@ -100,7 +101,7 @@ def index(
     if quiet:
         return
     click.echo(
-        f"indexed split {result.split!r} of {dst}: {plural(info.samples, 'sample')} of "
+        f"indexed split {result.split!r} of {redact_url(str(dst))}: {plural(info.samples, 'sample')} of "
         f"{plural(len(classes), 'class', 'classes')} in {plural(len(info.shards), 'shard')} "
         f"({format_bytes(info.bytes)})"
     )
@@ -112,7 +113,7 @@ def index(
         f"  classes per shard: {result.classes_per_shard:.1f} "
         f"(shuffled shards would hold {result.shuffled_classes_per_shard:.1f})"
     )
-    click.echo(f"  wrote {join(dst, 'index.json')} and _info.json; the shards are unchanged")
+    click.echo(f"  wrote {redact_url(str(join(dst, 'index.json')))} and _info.json; the shards are unchanged")
 
 
 def _some(names: tuple[str, ...]) -> str:

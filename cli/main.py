@@ -8,6 +8,7 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from imgshards.converter import ImgshardsError
+from imgshards.converter.locate import redact_url
 
 from .bench import bench
 from .demo import demo
@@ -48,7 +49,7 @@ class _Group(click.Group):
         except click.UsageError as e:  # an unknown command or option, a missing argument
             raise _one_line(e) from e
         except ImgshardsError as e:
-            raise CantRun(shown(str(e))) from e  # a name in it may hold escape codes
+            raise CantRun(shown(redact_url(str(e)))) from e  # a name in it may hold escape codes; a password
         except KeyboardInterrupt:
             if ctx.invoked_subcommand == "pack":
                 message = (

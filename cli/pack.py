@@ -25,6 +25,7 @@ from imgshards.converter import (
 )
 from imgshards.converter import dry_run as plan_pack
 from imgshards.converter import pack as pack_tree
+from imgshards.converter.locate import redact_url
 from imgshards.converter.pack import check_source
 from imgshards.converter.tarwriter import END_AT_MOST, RECORD
 
@@ -374,7 +375,8 @@ def print_summary(result: PackResult, *, rejects: Mapping[str, Sequence[str]] | 
     for info in result.infos:
         classes = plural(len(result.manifest.classes), "class", "classes")
         click.echo(
-            f"packed split {info.name!r} into {result.dst}: {plural(info.samples, 'sample')} of "
+            f"packed split {info.name!r} into {redact_url(str(result.dst))}: "
+            f"{plural(info.samples, 'sample')} of "
             f"{classes} in {plural(len(info.shards), 'shard')} ({format_bytes(info.bytes)})"
         )
         if len(info.formats) == 1:

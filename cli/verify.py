@@ -9,6 +9,7 @@ import click
 
 from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
+from imgshards.converter.locate import redact_url
 
 from .exits import BadData
 from .options import plural, shown, workers_option
@@ -50,18 +51,29 @@ def verify(
         report = verify_dataset(dst, splits=chosen, workers=workers)
     index = join(dst, "index.json")
     if as_json:
-        problems = [{"split": p.split, "shard": p.shard, "problem": p.problem} for p in report.problems]
-        doc = {"index": str(index), "ok": report.ok, "shards": report.shards, "samples": report.samples}
+        problems = [
+            {"split": p.split, "shard": p.shard, "problem": redact_url(p.problem)} for p in report.problems
+        ]
+        doc = {
+            "index": redact_url(str(index)),
+            "ok": report.ok,
+            "shards": report.shards,
+            "samples": report.samples,
+        }
         click.echo(json.dumps({**doc, "problems": problems}, indent=1))
     elif not quiet:
         for problem in report.problems[:SHOWN_PROBLEMS]:
-            click.echo(f"BAD {shown(str(problem))}", err=True)
+            click.echo(f"BAD {shown(redact_url(str(problem)))}", err=True)
         more = len(report.problems) - SHOWN_PROBLEMS
         if more > 0:  # a flood (a million missing shards) is summed up, not printed
             click.echo(f"BAD ... and {plural(more, 'more problem')}; --json lists every one", err=True)
     if not report.ok:
         raise BadData(
-            f"{plural(len(report.problems), 'problem')} in {plural(report.shards, 'shard')} of {dst}"
+            f"{plural(len(report.problems), 'problem')} in {plural(report.shards, 'shard')} of "
+            f"{redact_url(str(dst))}"
         )
     if not as_json and not quiet:
-        click.echo(f"ok: {plural(report.shards, 'shard')}, {plural(report.samples, 'sample')} match {index}")
+        click.echo(
+            f"ok: {plural(report.shards, 'shard')}, {plural(report.samples, 'sample')} match "
+            f"{redact_url(str(index))}"
+        )

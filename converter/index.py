@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DestinationError, ManifestError, SourceError, UnreadableSamplesError
+from .locate import redact_url
 from .manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
 from .shardscan import ShardScan, ShardStore, Value
 from .validate import check_index
@@ -147,10 +148,11 @@ def index(
     store = ShardStore(src, storage_options or {})
     existing = store.existing_index()
     names = store.list_shards(config.shards)
-    _check_existing(existing, config, names, str(src))
+    shown = redact_url(str(src))  # in messages
+    _check_existing(existing, config, names, shown)
     scans = store.scan(names, config.label_field, workers=config.workers, progress=config.progress)
-    _raise_problems(scans, str(src))
-    labels, classes, classes_from, ids = _labels(scans, config, existing, str(src))
+    _raise_problems(scans, shown)
+    labels, classes, classes_from, ids = _labels(scans, config, existing, shown)
     per_shard = []
     for scan in scans:  # summed: two values may name one class
         shard_counts = Counter[int]()
@@ -188,7 +190,7 @@ def index(
     others = {k: v for k, v in (existing.splits if existing else {}).items() if k != config.split}
     manifest = Manifest(classes=classes, splits={**others, config.split: split})
     try:  # never write an index that its readers would refuse
-        check_index(manifest.to_json(), f"the index of {src}")
+        check_index(manifest.to_json(), f"the index of {shown}")
     except ManifestError as e:
         raise SourceError(str(e).replace("; re-pack the dataset", "")) from None
     store.write(manifest)

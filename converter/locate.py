@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import itertools
 import os
+import re
 from pathlib import Path
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "missing_path",
     "no_index",
     "not_a_dataset",
+    "redact_url",
+    "shown_cause",
     "url_typo",
 ]
 
@@ -42,6 +45,47 @@ def is_url(root: object) -> bool:
     ``file://`` URLs count as local paths.
     """
     return isinstance(root, str) and "://" in root and not root.startswith("file://")
+
+
+# The user-info part of every URL in a text: ``scheme://`` then anything up to the last ``@`` before
+# the path (a password may hold a raw ``@``), stopping at what ends a URL in a message.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s'\"<>]*)@")
+
+
+def redact_url(text: str) -> str:
+    """``text`` (a URL, or a message holding URLs) with the credentials in each URL hidden, to show a person.
+
+    ``https://user:secret@host/ds`` -> ``https://user:****@host/ds``; a user name alone (often a token)
+    -> ``https://****@host/ds``, as pip's ``redact_auth_from_url``. Every URL the project prints (an
+    error, a warning, a log line, a progress bar, ``--json``, the index's recorded source) goes
+    through it, and so does the text of an error from a file system, which may quote its URL whole.
+    """
+    if "@" not in text:  # the common case: nothing to hide, no regular expression run
+        return text
+
+    def hide(m: re.Match[str]) -> str:
+        user, colon, _ = m["userinfo"].partition(":")
+        shown_user = f"{user}:****" if colon else "****"
+        return f"{m['scheme']}{shown_user}@"
+
+    return _USERINFO.sub(hide, text)
+
+
+def shown_cause(error: BaseException) -> BaseException | None:
+    """``error``, to chain to the error raised for it; None where its text (or its causes') holds a secret.
+
+    A traceback prints every chained error whole, and a file system's errors quote the URL they
+    failed on, ``user:password@`` included: chain ``from shown_cause(e)``, and put ``e``'s text,
+    through :func:`redact_url`, in the message.
+    """
+    seen: BaseException | None = error
+    for _ in range(16):  # a chain is short; a cycle must not loop
+        if seen is None:
+            return error
+        if redact_url(str(seen)) != str(seen):
+            return None
+        seen = seen.__cause__ or seen.__context__
+    return error
 
 
 # Schemes of fsspec's common file systems, to catch a URL with a slash missing (``s3:/bucket``).

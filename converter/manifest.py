@@ -44,7 +44,16 @@ from typing import Any
 from .errors import ManifestError
 from .imagesizes import SizeStats
 from .labels import label_value
-from .locate import INDEX_NAME, is_url, local_path, missing_path, no_index, not_a_dataset
+from .locate import (
+    INDEX_NAME,
+    is_url,
+    local_path,
+    missing_path,
+    no_index,
+    not_a_dataset,
+    redact_url,
+    shown_cause,
+)
 from .offsets import BLOCK, decode_offsets
 from .remotefs import no_credentials, one_line
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
@@ -353,26 +362,27 @@ def _read_manifest_url(url: str, storage_options: Mapping[str, Any]) -> Manifest
     from fsspec.core import url_to_fs  # only for URLs: the converter needs no fsspec otherwise
 
     if url.rstrip("/").endswith(".tar"):
-        shard = url.rstrip("/")
+        shard = redact_url(url.rstrip("/"))
         raise ManifestError(
             f"{shard} is a shard, not a packed dataset: give the dataset's URL, the one that holds "
             f"{INDEX_NAME} (here probably {shard.rsplit('/', 1)[0]})"
         )
     index_url = url if url.endswith(".json") else f"{url.rstrip('/')}/{INDEX_NAME}"
+    shown = redact_url(index_url)
     try:
         fs, path = url_to_fs(index_url, **storage_options)
         raw = fs.cat_file(path, start=0, end=MAX_INDEX_BYTES + 1)
     except FileNotFoundError:
-        base = index_url.rsplit("/", 1)[0]
+        base = shown.rsplit("/", 1)[0]
         raise ManifestError(
-            f"no {INDEX_NAME} at {index_url}: not a packed dataset, or `imgshards pack` has not "
+            f"no {INDEX_NAME} at {shown}: not a packed dataset, or `imgshards pack` has not "
             f"finished there (run it again: it resumes); for shards another tool wrote, run "
             f"`imgshards index {base}`"
         ) from None
     except ImportError as e:  # fsspec names the package its protocol needs
-        raise ManifestError(f"cannot read {index_url}: {e}") from e
+        raise ManifestError(f"cannot read {shown}: {e}") from e
     except Exception as e:  # the file system's own errors (aiohttp, botocore...), not importable here
         raise ManifestError(
-            no_credentials(url, e) or f"cannot read {index_url}: {type(e).__name__}: {one_line(e)}"
-        ) from e
-    return Manifest.from_json(parse_index(raw, index_url), where=index_url)
+            no_credentials(redact_url(url), e) or f"cannot read {shown}: {type(e).__name__}: {one_line(e)}"
+        ) from shown_cause(e)
+    return Manifest.from_json(parse_index(raw, shown), where=shown)

@@ -47,6 +47,7 @@ from typing import Any, BinaryIO
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
 from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
+from .locate import redact_url, shown_cause
 from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .pack import pack
 from .remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
@@ -89,14 +90,18 @@ def pack_to_url(
     config = config or PackConfig()
     if config.val_fraction is not None or config.split_file is not None:
         raise DestinationError(
-            f"cannot pack several splits into a URL ({url}) in one run yet: pack into a local directory "
-            "and upload it, or split the tree and pack each split with --split"
+            f"cannot pack several splits into a URL ({redact_url(url)}) in one run yet: pack into a local "
+            "directory and upload it, or split the tree and pack each split with --split"
         )
     if config.engine == "ray" and staging is None:
-        raise DestinationError(f"--engine ray with a URL ({url}) needs --staging DIR, one every node sees")
-    if not config.allow_split_names and (refusal := split_tree_error(src, dst=url)):  # before the network
+        raise DestinationError(
+            f"--engine ray with a URL ({redact_url(url)}) needs --staging DIR, one every node sees"
+        )
+    shown = redact_url(url)
+    # Both refusals come before the network (the check's first call).
+    if not config.allow_split_names and (refusal := split_tree_error(src, dst=shown)):
         raise SourceError(f"refused: {refusal}")
-    if config.strict and (suspicious := tree_warnings(src, dst=url)):  # before the check's network call
+    if config.strict and (suspicious := tree_warnings(src, dst=shown)):
         raise SourceError(f"refused (strict): {suspicious[0]}")
     # Every request of the pack waits at most DEFAULT_TIMEOUT on the server, then is retried.
     remote = Remote(url, with_timeouts(url, storage_options, DEFAULT_TIMEOUT))
@@ -116,7 +121,9 @@ def pack_to_url(
     finally:
         if own_staging:
             shutil.rmtree(stage, ignore_errors=True)
-    return replace(result, dst=remote.url, manifest=manifest, warnings=tree_warnings(src, dst=url))
+    return replace(
+        result, dst=remote.url, manifest=manifest, warnings=tree_warnings(src, dst=redact_url(url))
+    )
 
 
 def verify_url(
@@ -174,10 +181,10 @@ def _read_shard(remote: Remote, name: str, timeout: float) -> Iterator[BinaryIO]
         raise
     except Exception as e:  # the file system's own errors (aiohttp, botocore...), timeouts
         raise DestinationError(
-            f"cannot read {remote.url}/{name}: {type(e).__name__}: {one_line(e) or 'no answer'} "
+            f"cannot read {remote.shown}/{name}: {type(e).__name__}: {one_line(e) or 'no answer'} "
             f"(a request waits {timeout:g} s for the server: --timeout); check the network and the "
             "server, then run it again"
-        ) from e
+        ) from shown_cause(e)
 
 
 def write_index_url(
@@ -206,9 +213,9 @@ def _start_upload(remote: Remote, stage: Path, config: PackConfig) -> _Uploader:
         raise
     except Exception as e:  # botocore, aiohttp...: the file system's own errors
         raise DestinationError(
-            f"cannot read the state of {remote.url}: {type(e).__name__}: {one_line(e)}; "
+            f"cannot read the state of {remote.shown}: {type(e).__name__}: {one_line(e)}; "
             "check the network, then run the same command again"
-        ) from e
+        ) from shown_cause(e)
 
 
 class _Uploader:
@@ -245,9 +252,9 @@ class _Uploader:
         )
         if ours and not known and not config.overwrite:
             raise DestinationError(
-                f"{self.remote.url} already holds {len(ours)} shard{'s' if len(ours) != 1 else ''} of split "
-                f"{self.split!r} not made by an interrupted run of this command: to read them as a dataset, "
-                f"run `imgshards index {self.remote.url}`; to pack, choose another destination "
+                f"{self.remote.shown} already holds {len(ours)} shard{'s' if len(ours) != 1 else ''} of "
+                f"split {self.split!r} not made by an interrupted run of this command: to read them as a "
+                f"dataset, run `imgshards index {self.remote.shown}`; to pack, choose another destination "
                 "(--overwrite would delete them)"
             )
         if self.remote_index is None:
@@ -292,7 +299,7 @@ class _Uploader:
         size = int(self.remote.fs.info(self.remote.path(record.name))["size"])
         if size != record.bytes:
             raise DestinationError(
-                f"uploaded {record.name} to {self.remote.url} but it is {size} bytes there, not "
+                f"uploaded {record.name} to {self.remote.shown} but it is {size} bytes there, not "
                 f"{record.bytes}; run the same command again"
             )
         self.remote.put_bytes(f"{self.state}/{record.name}.json", json.dumps(record.to_json()).encode())
@@ -328,7 +335,7 @@ class _Uploader:
         missing = [s.name for s in result.info.shards if not self.stored(_as_record(s))]
         if missing:
             raise DestinationError(
-                f"shards {missing[:3]} of {self.remote.url} are neither uploaded nor in staging; "
+                f"shards {missing[:3]} of {self.remote.shown} are neither uploaded nor in staging; "
                 "run the same command again"
             )
         names = {s.name for s in result.info.shards}
@@ -349,13 +356,13 @@ class _Uploader:
         if text is None:
             return Manifest(ours.classes, {self.split: ours.split(self.split)})
         try:
-            current = Manifest.from_json(json.loads(text), where=f"{self.remote.url}/{INDEX_NAME}")
+            current = Manifest.from_json(json.loads(text), where=f"{self.remote.shown}/{INDEX_NAME}")
         except (ManifestError, json.JSONDecodeError):
             current = Manifest(ours.classes, {})
         others = {k: v for k, v in current.splits.items() if k != self.split}
         if others and current.classes != ours.classes:
             raise DestinationError(
-                f"split(s) {sorted(others)} packed into {self.remote.url} meanwhile have other classes; "
+                f"split(s) {sorted(others)} packed into {self.remote.shown} meanwhile have other classes; "
                 f"split {self.split!r} is uploaded but not in the index: pack into another destination"
             )
         return Manifest(ours.classes, {**others, self.split: ours.split(self.split)})

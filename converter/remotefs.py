@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import DestinationError
+from .locate import redact_url, shown_cause
 
 __all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "no_credentials", "one_line", "with_timeouts"]
 
@@ -53,18 +54,18 @@ def check_bucket(
         fs.info(bucket)
     except FileNotFoundError:
         raise DestinationError(
-            f"bucket {bucket!r} of {url} does not exist{at}: create it first, or fix the URL"
+            f"bucket {bucket!r} of {redact_url(url)} does not exist{at}: create it first, or fix the URL"
         ) from None
     except PermissionError as e:
         raise DestinationError(
-            f"access to bucket {bucket!r} of {url} is denied{at} ({one_line(e)}): check the credentials "
-            "and their permissions on the bucket"
+            f"access to bucket {bucket!r} of {redact_url(url)} is denied{at} ({one_line(e)}): check the "
+            "credentials and their permissions on the bucket"
         ) from None
     except Exception as e:  # the file system's own errors: botocore, aiohttp, google.auth...
         raise DestinationError(
             no_credentials(url, e)
-            or f"cannot reach {url}{at}: {type(e).__name__}: {one_line(e)}; check the network and the "
-            "endpoint (storage option endpoint_url; imgshards: -o endpoint_url=URL)"
+            or f"cannot reach {redact_url(url)}{at}: {type(e).__name__}: {one_line(e)}; check the network "
+            "and the endpoint (storage option endpoint_url; imgshards: -o endpoint_url=URL)"
         ) from None
 
 
@@ -77,9 +78,9 @@ def no_credentials(url: str, e: BaseException) -> str | None:
     if "Credentials" not in type(e).__name__:
         return None
     return (
-        f"no credentials for {url}: set them as the cloud SDK reads them (for S3: AWS_ACCESS_KEY_ID and "
-        "AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as storage options "
-        "(imgshards: -o key=... -o secret=...)"
+        f"no credentials for {redact_url(url)}: set them as the cloud SDK reads them (for S3: "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials), or pass them as storage "
+        "options (imgshards: -o key=... -o secret=...)"
     )
 
 
@@ -116,8 +117,11 @@ def with_timeouts(url: str, storage_options: Mapping[str, Any] | None, timeout: 
 
 
 def one_line(e: BaseException) -> str:
-    """An exception's message on one line, cut to a readable length (a cloud error can be a page)."""
-    return " ".join(str(e).split())[:300]
+    """An exception's message on one line, cut to a readable length (a cloud error can be a page).
+
+    Credentials in a URL it quotes are hidden (:func:`~.locate.redact_url`).
+    """
+    return " ".join(redact_url(str(e)).split())[:300]
 
 
 class Remote:
@@ -127,13 +131,16 @@ class Remote:
         from fsspec.core import url_to_fs
 
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)  # the URL as messages show it
         self.storage_options = dict(storage_options)
         try:
             self.fs, root = url_to_fs(self.url, **storage_options)
         except ImportError as e:  # fsspec names the package the protocol needs
-            raise DestinationError(f"cannot use {url}: {e}") from e
+            raise DestinationError(f"cannot use {redact_url(url)}: {one_line(e)}") from shown_cause(e)
         except Exception as e:  # an unknown protocol (a typo), an option the file system refuses
-            raise DestinationError(f"cannot use {url}: {type(e).__name__}: {one_line(e)}") from e
+            raise DestinationError(
+                f"cannot use {redact_url(url)}: {type(e).__name__}: {one_line(e)}"
+            ) from shown_cause(e)
         self.root = root.rstrip("/")
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self.protocols = frozenset(protocols)
@@ -206,7 +213,8 @@ class Remote:
             except Exception as e:  # the file system's own errors (botocore, aiohttp...): retried
                 if attempt == _UPLOAD_ATTEMPTS:
                     raise DestinationError(
-                        f"cannot {what} at {self.url} after {attempt} tries: {type(e).__name__}: {e}"
-                    ) from e
+                        f"cannot {what} at {self.shown} after {attempt} tries: {type(e).__name__}: "
+                        f"{one_line(e)}"
+                    ) from shown_cause(e)
                 time.sleep(0.5 * 2 ** (attempt - 1))
         raise AssertionError("unreachable")

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from tqdm.auto import tqdm
 
 from .errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
+from .locate import redact_url, shown_cause
 from .manifest import (
     INDEX_NAME,
     TIMM_INFO_NAME,
@@ -126,7 +127,8 @@ class ShardStore:
             return read_manifest(self.root, storage_options=self.storage_options)
         except ManifestError as e:
             raise DestinationError(
-                f"{self.root} already has an {INDEX_NAME} that imgshards cannot use ({e}); indexing would "
+                f"{redact_url(str(self.root))} already has an {INDEX_NAME} that imgshards cannot use "
+                f"({e}); indexing would "
                 "replace it: move it away first"
             ) from None
 
@@ -139,7 +141,9 @@ class ShardStore:
             names = [path.name for path in Path(self.root).glob(pattern)]
         names = sorted(n for n in names if not n.startswith(".") and n not in (INDEX_NAME, TIMM_INFO_NAME))
         if not names:
-            raise SourceError(f"no shard in {self.root} matches {pattern!r}; pass the glob of its shards")
+            raise SourceError(
+                f"no shard in {redact_url(str(self.root))} matches {pattern!r}; pass the glob of its shards"
+            )
         for name in names:  # what the index may name, as every reader of it checks
             try:
                 check_name(name, "shard name", str(self.root))
@@ -205,6 +209,6 @@ def _collect(futures: Sequence[Future[ShardScan]], progress: bool) -> list[Shard
             except UnsafeFileError as e:
                 raise SourceError(f"{e}; leave it out of --shards") from None
             except OSError as e:
-                raise SourceError(f"cannot read a shard: {e}") from e
+                raise SourceError(f"cannot read a shard: {redact_url(str(e))}") from shown_cause(e)
             bar.update()
     return scans

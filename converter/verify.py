@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import ShardEndError, ShardFormatError
+from .locate import redact_url
 from .manifest import LabelSource, Manifest, ShardInfo, read_manifest
 from .pool import default_workers, start_pool
 from .tarsamples import checked_samples, shown
@@ -140,7 +141,7 @@ def check_shard_stream(
     except FileNotFoundError:
         return [_missing(expected)], labels
     except OSError as e:  # not a regular file, a symlink out of the dataset, unreadable
-        return [f"unreadable ({e.strerror or e})"], labels
+        return [f"unreadable ({redact_url(str(e.strerror or e))})"], labels
     if bad > _PROBLEMS_PER_SHARD:
         problems.append(f"{bad - _PROBLEMS_PER_SHARD} more sample(s) with problems")
     if reader.size != expected.bytes:

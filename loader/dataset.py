@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from imgshards.converter.locate import INDEX_NAME, is_url, local_path
+from imgshards.converter.locate import INDEX_NAME, is_url, local_path, redact_url
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from .epoch import elastic, partition
@@ -120,12 +120,12 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         planned = self.rank_samples()
         if lost and (lost > self.max_lost * planned or lost >= planned):
             roots = self._roots()
-            verify = " and ".join(f"`imgshards verify {root}`" for root in roots)
+            verify = " and ".join(f"`imgshards verify {redact_url(str(root))}`" for root in roots)
             raise ShardReadError(
                 f"epoch {epoch}: rank {self.rank} lost {lost} of its {planned} sample(s) of split "
-                f"{self.split!r} at {', '.join(map(str, roots))} to truncated or unreadable shards, more "
-                f"than max_lost={self.max_lost:g} allows: run {verify} to name them and repack or "
-                "replace them (or raise max_lost)"
+                f"{self.split!r} at {', '.join(redact_url(str(r)) for r in roots)} to truncated or "
+                f"unreadable shards, more than max_lost={self.max_lost:g} allows: run {verify} to name them "
+                "and repack or replace them (or raise max_lost)"
             )
 
     def _roots(self) -> list[Path | str]:
@@ -405,7 +405,7 @@ class ShardDataset(PassDataset):
             on_error=on_error,
             raw_stages=raw_stages,
             views=not (raw_stages or image_stages),
-            where=f"split {split!r} at {self.root}",
+            where=f"split {split!r} at {redact_url(str(self.root))}",
         )
         self.image_settings = ImageSettings(
             transform, seed, on_error, image_stages=image_stages, offload=self.decode_on is not None
@@ -493,7 +493,8 @@ class ShardDataset(PassDataset):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}({str(self.root)!r}, split={self.split!r}, mode={self.mode!r}, "
+            f"{type(self).__name__}({redact_url(str(self.root))!r}, split={self.split!r}, "
+            f"mode={self.mode!r}, "
             f"batch_size={self.batch_size}, samples={self.num_samples}, rank={self.rank}/{self.world_size}, "
             f"transform={self.transform!r})"
         )

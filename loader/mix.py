@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from imgshards.converter.locate import redact_url
 from imgshards.converter.manifest import read_manifest
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
@@ -182,9 +183,9 @@ class MixedDataset(PassDataset):
             empty = batches.index(0)
             part = self.parts[empty]
             raise ConfigError(
-                f"source {empty} ({part.root}) has {part.num_samples // world_size} sample(s) a rank, "
-                f"fewer than its {part.batch_size} a batch: an epoch would be empty; lower its weight or "
-                "the batch size"
+                f"source {empty} ({redact_url(str(part.root))}) has {part.num_samples // world_size} "
+                f"sample(s) a rank, fewer than its {part.batch_size} a batch: an epoch would be empty; lower "
+                "its weight or the batch size"
             )
         return min(batches)
 
@@ -216,7 +217,7 @@ class MixedDataset(PassDataset):
             stream.close()  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
-        roots = ", ".join(repr(str(p.root)) for p in self.parts)
+        roots = ", ".join(repr(redact_url(str(p.root))) for p in self.parts)
         return (
             f"{type(self).__name__}([{roots}], weights={list(self.weights)}, shares={self.shares}, "
             f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size})"

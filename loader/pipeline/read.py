@@ -24,6 +24,7 @@ from typing import BinaryIO, TypeVar, cast
 import numpy as np
 import torch
 
+from imgshards.converter.locate import redact_url
 from imgshards.converter.manifest import ShardInfo, SplitInfo
 
 from ..epoch.partition import Segment
@@ -89,7 +90,7 @@ def read_runs(
     for seg in segments:
         shard = shards[seg.shard]
         run = read_run(
-            source.url(shard.name),
+            redact_url(source.url(shard.name)),
             seg.start,
             seg.stop,
             on_truncated=on_truncated,

@@ -39,6 +39,16 @@ data.
 
 Locks are reliable on local file systems only: share a cache directory between the workers and
 ranks of one machine, not between machines over NFS.
+
+A cache directory someone else can write to is untrusted input: one not owned by this user, or
+writable by its group or by others, is refused (:class:`~imgshards.loader.errors.ConfigError`, one
+line); one the cache makes is ``0o755``. A file is read from the cache only if it is what the cache
+writes: a regular file (opened ``O_NOFOLLOW | O_NONBLOCK``, then checked with ``fstat``: never a
+link, a FIFO, a device), owned by this user, with one link, of the shard's size. Anything else under
+a shard's name is removed, with a warning, and the shard downloaded again (one that cannot be
+removed, a directory, makes it stream past the cache). The content is not hashed again at each
+open: only this user can write into the directory, and the cache writes a file under its final
+name only after hashing it (invariant 1).
 """
 
 from __future__ import annotations
@@ -48,14 +58,18 @@ import fcntl
 import itertools
 import os
 import select
+import stat
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from imgshards.converter.manifest import check_name
+
+from ..errors import ConfigError
 
 __all__ = ["CacheEntry", "Reservation", "ShardCache", "end_with", "remove_partials"]
 
@@ -234,7 +248,8 @@ class ShardCache:
             raise ValueError(f"cache limit must be a positive number of bytes, got {limit}")
         self.root = Path(root)
         self.limit = limit
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)  # group and others: no write
+        _check_private(self.root)
 
     def path(self, shard: str, sha256: str) -> Path:
         """Where the shard lives in the cache when it is there: always directly in ``root``.
@@ -250,19 +265,55 @@ class ShardCache:
             raise ValueError(f"{shard!r} with hash {sha256!r} names a file outside the cache {self.root}")
         return path
 
-    def open(self, shard: str, sha256: str) -> BinaryIO | None:
-        """Open the cached shard for reading (shared-locked, its use time bumped), or None on a miss."""
+    def open(self, shard: str, sha256: str, size: int | None = None) -> BinaryIO | None:
+        """Open the cached shard for reading (shared-locked, its use time bumped), or None on a miss.
+
+        Only a file the cache wrote is read (see the module docstring); anything else under the
+        shard's name (of another ``size`` than given, too) is removed with a warning: a miss.
+        """
         path = self.path(shard, sha256)
-        try:
-            f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 (returned to the caller)
+        try:  # never follows a link, never waits on a FIFO
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        except OSError as e:  # ELOOP: a link; ENXIO: a socket
+            self._discard(path, "a symbolic link" if os.path.islink(path) else (e.strerror or str(e)))
+            return None
+        st = os.fstat(fd)
+        problem = _not_ours(st, size)
+        if problem is not None:
+            os.close(fd)
+            self._discard(path, problem)
+            return None
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        f = os.fdopen(fd, "rb", buffering=_READ_BUFFER)
         fcntl.flock(f, fcntl.LOCK_SH)  # held until the reader closes the file
         # Evicted between open and flock: still whole. A read-only cache directory serves its shards
         # without recording the use.
         with contextlib.suppress(OSError):
-            os.utime(path)
+            os.utime(fd)
         return f
+
+    def _discard(self, path: Path, what: str) -> None:
+        """Remove what is under a shard's name though the cache did not write it, saying so."""
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as e:  # a directory; or the directory is read-only: stream the shard past it
+            warnings.warn(
+                f"the shard cache holds {path}, {what}, not a shard it wrote; it cannot be removed "
+                f"({e.strerror or e}): the shard is streamed past the cache; remove it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        warnings.warn(
+            f"the shard cache held {path}, {what}, not a shard it wrote: removed, the shard is "
+            "downloaded again",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def reserve(self, shard: str, sha256: str, size: int) -> Reservation | None:
         """Make room for a shard of ``size`` bytes and return its partial file, or None (stream it).
@@ -275,7 +326,7 @@ class ShardCache:
         with self.locked():
             entries = self._entries(clean=True)
             writing = any(e.partial and e.path.name.startswith(f".{final.name}.") for e in entries)
-            if writing or final.exists():
+            if writing or os.path.lexists(final):
                 return None
             used = sum(e.size for e in entries)
             for victim in sorted((e for e in entries if not e.partial), key=lambda e: e.mtime):
@@ -301,9 +352,14 @@ class ShardCache:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the cache lock: no space is reserved, evicted or committed meanwhile."""
-        with _process_lock, open(self.root / _LOCK_NAME, "a") as f:
-            fcntl.lockf(f, fcntl.LOCK_EX)  # released when f closes
-            yield
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        with _process_lock:
+            fd = os.open(self.root / _LOCK_NAME, flags, 0o644)  # not through a link, not on a FIFO
+            with open(fd, "a") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{self.root / _LOCK_NAME} is not a regular file")
+                fcntl.lockf(f, fcntl.LOCK_EX)  # released when f closes
+                yield
 
     def _entries(self, *, clean: bool) -> list[CacheEntry]:
         """Every file in the cache but the lock; with ``clean``, partial files of dead processes go."""
@@ -323,10 +379,41 @@ class ShardCache:
         return entries
 
 
+def _check_private(root: Path) -> None:
+    """Refuse a cache directory another user could write into (see the module docstring)."""
+    st = os.stat(root)
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        raise ConfigError(
+            f"cache directory {root} belongs to uid {st.st_uid}, not to this user (uid {uid}): another "
+            "user could put files in it; give cache_dir a directory of your own"
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"cache directory {root} is writable by its group or by others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}): anyone could put files in it; run `chmod go-w {root}`, or "
+            "give cache_dir another directory"
+        )
+
+
+def _not_ours(st: os.stat_result, size: int | None) -> str | None:
+    """Why a file opened under a shard's name is not one the cache wrote (None: it may be read)."""
+    if not stat.S_ISREG(st.st_mode):
+        kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"))
+        return next((what for test, what in kinds if test(st.st_mode)), "not a regular file")
+    if st.st_uid != os.geteuid():
+        return f"a file of uid {st.st_uid}"
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} links"
+    if size is not None and st.st_size != size:
+        return f"a file of {st.st_size} bytes where the shard has {size}"
+    return None
+
+
 def _remove_unused(path: Path) -> bool:
     """Remove ``path`` if no process holds a lock on it; say whether it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return True
     try:

@@ -16,20 +16,51 @@ A server that answers a ranged GET with the whole object (a plain ``python -m ht
 :meth:`RemoteObject.fetch` raise :class:`~.ranges.RangesIgnored`; the reader then reads the object
 from its start in one streamed GET (:meth:`RemoteObject.open_whole`), its version checked the same
 way. Local shards are plain files and never come here.
+
+On HTTP and S3 every request has a deadline besides the file system's idle timeout: with
+``deadline`` given, a GET whose answer has not ended after ``deadline(bytes)`` seconds (see
+:meth:`~.ranges.RetryPolicy.deadline`) is cancelled and raises :class:`~.ranges.AnswerTooSlow`, so
+a server trickling a byte at a time cannot hold a reader past it. It costs one task per request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..errors import ShardAccessError
-from .ranges import RangesIgnored, WholeStream
+from .ranges import AnswerTooSlow, RangesIgnored, WholeStream
 
 __all__ = ["RemoteObject", "remote_object"]
 
 Version = tuple[str | None, int | None]
 """An object's ETag (or Last-Modified) and its size in bytes, as one answer tells them."""
+
+Deadline = Callable[[int], float]
+"""``deadline(n)``: the seconds a request for ``n`` bytes may take in all."""
+
+T = TypeVar("T")
+
+
+async def _within(seconds: float | None, call: Awaitable[T], what: str) -> T:
+    """Await ``call``, cancelling it past ``seconds`` (None: no deadline) with :class:`AnswerTooSlow`.
+
+    ``asyncio.wait`` rather than ``wait_for``: a timeout of the file system inside ``call`` stays
+    what it is (a stall), and only the deadline says it was one.
+    """
+    if seconds is None:
+        return await call
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise AnswerTooSlow(f"{what} did not end within its deadline of {seconds:.1f} s")
+    return task.result()
 
 
 class RemoteObject:
@@ -38,13 +69,16 @@ class RemoteObject:
     Args:
         fs: The file system.
         path: The object's path in ``fs``.
-        name: The shard as named in errors (its URL).
+        name: The shard as named in errors (its URL, credentials hidden).
         size: The object's size as the index says.
+        deadline: Seconds a request for so many bytes may take in all (HTTP and S3); None, no limit
+            but the file system's own timeouts.
 
     """
 
-    def __init__(self, fs: Any, path: str, name: str, size: int) -> None:
+    def __init__(self, fs: Any, path: str, name: str, size: int, deadline: Deadline | None = None) -> None:
         self.fs, self.path, self.name, self.size = fs, path, name, size
+        self.deadline = deadline
         self._version: Version | None = None
         self._lock = threading.Lock()
 
@@ -69,6 +103,10 @@ class RemoteObject:
         if version != pinned:
             raise self.changed(f"{_show(pinned)} at the first read, {_show(version)} now")
 
+    def within(self, size: int) -> float | None:
+        """The deadline of a request for ``size`` bytes, or None."""
+        return None if self.deadline is None else self.deadline(size)
+
     def changed(self, how: str) -> ShardAccessError:
         """The error for an object that is not the version the pass began to read."""
         return ShardAccessError(
@@ -86,7 +124,8 @@ class _HttpObject(RemoteObject):
     def fetch(self, start: int, end: int) -> bytes:
         from fsspec.asyn import sync
 
-        return bytes(sync(self.fs.loop, self._get, start, end))
+        what = f"the answer for bytes {start}-{end}"
+        return bytes(sync(self.fs.loop, _within, self.within(end - start), self._get(start, end), what))
 
     async def _get(self, start: int, end: int) -> bytes:
         session = await self.fs.set_session()
@@ -111,7 +150,7 @@ class _HttpStream:
         from fsspec.asyn import sync
 
         self._sync, self._obj, self._loop = sync, obj, obj.fs.loop
-        self._r = sync(self._loop, self._open)
+        self._r = sync(self._loop, _within, obj.within(0), self._open(), "the answer's headers")
 
     async def _open(self) -> Any:
         fs = self._obj.fs
@@ -126,7 +165,8 @@ class _HttpStream:
         return r
 
     def read(self, n: int) -> bytes:
-        return bytes(self._sync(self._loop, self._r.content.read, n))
+        what = f"a read of {n} bytes"
+        return bytes(self._sync(self._loop, _within, self._obj.within(n), self._r.content.read(n), what))
 
     def close(self) -> None:
         async def close() -> None:
@@ -150,7 +190,8 @@ class _S3Object(RemoteObject):
     def fetch(self, start: int, end: int) -> bytes:
         from fsspec.asyn import sync
 
-        return bytes(sync(self.fs.loop, self._get, start, end))
+        what = f"the answer for bytes {start}-{end}"
+        return bytes(sync(self.fs.loop, _within, self.within(end - start), self._get(start, end), what))
 
     async def _get(self, start: int, end: int) -> bytes:
         bucket, key, version_id = self.fs.split_path(self.path)
@@ -194,11 +235,11 @@ def _show(version: Version) -> str:
     return f"{tag or 'no ETag'}, {size if size is not None else '?'} bytes"
 
 
-def remote_object(fs: Any, path: str, name: str, size: int) -> RemoteObject:
-    """The reader of one object for ``fs``: checked on HTTP and S3, plain elsewhere."""
+def remote_object(fs: Any, path: str, name: str, size: int, deadline: Deadline | None = None) -> RemoteObject:
+    """The reader of one object for ``fs``: checked (and each request held to ``deadline``) on HTTP and S3."""
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "http" in protocols or "https" in protocols:
-        return _HttpObject(fs, path, name, size)
+        return _HttpObject(fs, path, name, size, deadline)
     if "s3" in protocols and hasattr(fs, "_call_s3"):
-        return _S3Object(fs, path, name, size)
-    return RemoteObject(fs, path, name, size)
+        return _S3Object(fs, path, name, size, deadline)
+    return RemoteObject(fs, path, name, size, deadline)

@@ -21,10 +21,14 @@ the bytes before the position it needs (``open_whole``).
 
 A request that stalls is such a transient error: the file system's own connect and read timeouts
 (``timeout`` seconds, given to it as storage options: see
-:func:`imgshards.converter.remotefs.with_timeouts`) end a try whose server stops answering. Every
-wait on a request is bounded here as well, so a file system that ignores those options cannot hang
-a reader either: a range whose tries have not ended after :meth:`RetryPolicy.patience` seconds
-raises :class:`~imgshards.loader.errors.ShardReadError` (its fetch thread is left to end on its own).
+:func:`imgshards.converter.remotefs.with_timeouts`) end a try whose server stops answering. A server
+that trickles (a byte now and then, each one resetting the read timeout) is ended by the request's
+deadline, :meth:`RetryPolicy.deadline`: ``2 x timeout`` plus its bytes at :data:`MIN_RATE` (HTTP and
+S3: :mod:`.objects`). Every wait on a request is bounded here as well, so a file system that ignores
+those options cannot hang a reader either: a range whose tries have not ended after
+:meth:`RetryPolicy.patience` seconds raises :class:`~imgshards.loader.errors.ShardReadError` (its
+fetch thread is left to end on its own). A redirect off HTTP(S) (to ``file://``...) is an error of
+the setup (:func:`access_error`), never retried.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from imgshards.converter.locate import redact_url, shown_cause
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
 from ..errors import ShardAccessError, ShardReadError
@@ -50,6 +55,8 @@ from ..errors import ShardAccessError, ShardReadError
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_TIMEOUT",
+    "MIN_RATE",
+    "AnswerTooSlow",
     "Fetch",
     "RangeReader",
     "RangesIgnored",
@@ -63,9 +70,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 8 << 20
-# The slowest answer that is not a stall, for the bound on waits: a try may take ``2 x timeout``
-# (to connect, then one pause) plus its bytes at this rate.
-_SLOWEST_RATE = 64 << 10  # bytes per second
+MIN_RATE = 64 << 10
+"""The floor speed, bytes per second: a request may take ``2 x timeout`` plus its bytes at this rate."""
 # Fetch threads per process, shared by every open stream of that process (a DataLoader worker reads
 # up to 16 shards at once while it interleaves them).
 _FETCH_THREADS = 16
@@ -83,6 +89,13 @@ class WholeStream(Protocol):
     def read(self, n: int) -> bytes: ...  # noqa: D102
 
     def close(self) -> None: ...  # noqa: D102
+
+
+class AnswerTooSlow(Exception):  # transient: retried as a stall is
+    """A request's answer did not end within its deadline (:meth:`RetryPolicy.deadline`).
+
+    Not a ``TimeoutError``: fsspec's ``sync`` would turn it into an ``FSTimeoutError`` without its text.
+    """
 
 
 class RangesIgnored(Exception):  # a signal from a fetch to its reader, never raised to the user
@@ -111,6 +124,8 @@ _PERMANENT: tuple[type[BaseException], ...] = (
     ValueError,
 )
 _RETRYABLE_STATUS = frozenset({408, 429})
+# aiohttp's errors (by name: it is optional) for a redirect off HTTP(S), or to no URL at all.
+_BAD_REDIRECT = frozenset({"NonHttpUrlRedirectClientError", "InvalidUrlRedirectClientError"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,13 +153,17 @@ class RetryPolicy:
         """Seconds to wait after the ``failures``-th failed try."""
         return min(self.max_backoff, self.backoff * 2 ** (failures - 1))
 
-    def patience(self, timeout: float, size: int) -> float:
-        """Longest wait for a range of ``size`` bytes, every try and backoff included.
+    def deadline(self, timeout: float, size: int) -> float:
+        """Seconds one request for ``size`` bytes may take in all: ``2 x timeout``, plus ``size`` at MIN_RATE.
 
-        Each try gets ``2 x timeout`` (to connect, then one pause of the answer) plus its bytes at
-        64 KiB/s: a file system that honours its ``timeout`` ends a stalled try long before.
+        ``2 x timeout``: to connect, then to wait for the answer; the bytes at the floor speed, so an
+        answer that keeps coming too slowly (each byte resetting the read timeout) ends too.
         """
-        per_try = 2 * timeout + size / _SLOWEST_RATE
+        return 2 * timeout + size / MIN_RATE
+
+    def patience(self, timeout: float, size: int) -> float:
+        """Longest wait for a range of ``size`` bytes: every try (each within its deadline) and backoff."""
+        per_try = self.deadline(timeout, size)
         return self.attempts * per_try + sum(self.delay(i) for i in range(1, self.attempts))
 
 
@@ -173,6 +192,9 @@ def access_error(error: BaseException, name: str) -> ShardAccessError | None:
     elif isinstance(error, FileNotFoundError) or status in (404, 410):
         cause = "not found, though the index lists it"
         fix = "copy the shard back, or re-pack the dataset"
+    elif _BAD_REDIRECT.intersection(c.__name__ for c in type(error).__mro__):
+        cause = "the server redirects it off HTTP(S): refused"
+        fix = "check the URL, or what the server redirects to"
     else:
         return None
     return ShardAccessError(f"shard {name}: {cause} ({_one_line(error)}); {fix}", shard=name)
@@ -370,12 +392,12 @@ class RangeReader(SeekableRawReader):
             except Exception as e:
                 fatal = access_error(e, self.name)
                 if fatal is not None:
-                    raise fatal from e
+                    raise fatal from shown_cause(e)
                 if not is_transient(e):
                     raise ShardReadError(
                         f"cannot read bytes {start}-{end} of shard {self.name}: {_describe(e)}",
                         shard=self.name,
-                    ) from e
+                    ) from shown_cause(e)
                 error: BaseException = e
             else:
                 if len(data) == end - start:
@@ -389,7 +411,7 @@ class RangeReader(SeekableRawReader):
                     f"shard {self.name}: reading bytes {start}-{end} failed {failures} times; last "
                     f"error: {_describe(error)}",
                     shard=self.name,
-                ) from error
+                ) from shown_cause(error)
             self.retries += 1
             # A stall is worth a line where logging is not set up (Python prints warnings then): the
             # reader waited a whole timeout, with nothing to show for it.
@@ -400,11 +422,13 @@ class RangeReader(SeekableRawReader):
 
 def _is_timeout(error: BaseException) -> bool:
     """Whether ``error`` is a try that timed out (asyncio's and aiohttp's, botocore's ReadTimeoutError...)."""
-    return isinstance(error, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(error).__name__
+    timeouts = (TimeoutError, asyncio.TimeoutError, AnswerTooSlow)
+    return isinstance(error, timeouts) or "Timeout" in type(error).__name__
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    text = redact_url(str(error))  # a file system's error may quote the URL whole, password and all
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _one_line(error: BaseException) -> str:

@@ -33,6 +33,7 @@ writing and ends, instead of outliving the training as an orphan.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from imgshards.converter.errors import ManifestError
+from imgshards.converter.locate import redact_url, shown_cause
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 from imgshards.converter.remotefs import with_timeouts
 
@@ -155,13 +157,14 @@ class ShardSource:
         for shard in shards:
             if shard.name not in sizes:
                 raise ManifestError(
-                    f"shard {shard.name} of split {split!r} is missing from {self.root}: "
+                    f"shard {shard.name} of split {split!r} is missing from {redact_url(self.root)}: "
                     "copy it back, or re-pack the dataset"
                 )
             size = sizes[shard.name]
             if size is not None and size != shard.bytes:
                 warnings.warn(
-                    f"shard {self.url(shard.name)} is {size} bytes, the index says {shard.bytes}: "
+                    f"shard {redact_url(self.url(shard.name))} is {size} bytes, the index says "
+                    f"{shard.bytes}: "
                     "truncated or replaced since it was packed; reading it will stop where it breaks",
                     RuntimeWarning,
                     stacklevel=3,
@@ -217,7 +220,7 @@ class _ProcessState:
         try:
             self.fs, self.path = url_to_fs(source.root, **source.storage_options)
         except ImportError as e:
-            raise ConfigError(f"cannot read {source.root}: {e}") from e
+            raise ConfigError(f"cannot read {redact_url(source.root)}: {redact_url(str(e))}") from e
         self.path = self.path.rstrip("/")
         self.lock = threading.Lock()
         self.cache: ShardCache | None = None
@@ -243,7 +246,11 @@ class _ProcessState:
             status = getattr(e, "status", None)  # aiohttp's ClientResponseError is no OSError
             if isinstance(e, (OSError, NotImplementedError, ValueError)) or status in (403, 404, 405):
                 return None
-            raise
+            text = " ".join(redact_url(str(e)).split())  # its URL may hold a password
+            raise ShardAccessError(
+                f"cannot list {redact_url(self.source.root)}: {type(e).__name__}: {text}; check the URL "
+                "and the credentials"
+            ) from shown_cause(e)
         sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
         return sizes if INDEX_NAME in sizes else None  # else not a listing of this dataset's root
 
@@ -264,7 +271,7 @@ class _ProcessState:
 
     def _open(self, shard: ShardInfo) -> BinaryIO:
         if self.cache is not None:
-            cached = self.cache.open(shard.name, shard.sha256)
+            cached = self.cache.open(shard.name, shard.sha256, shard.bytes)
             if cached is not None:
                 return cached
             download = self._download(shard)
@@ -276,7 +283,8 @@ class _ProcessState:
 
     def _object(self, shard: ShardInfo) -> RemoteObject:
         path = f"{self.path}/{shard.name}"
-        return remote_object(self.fs, path, self.source.url(shard.name), shard.bytes)
+        deadline = functools.partial(self.source.retry.deadline, self.source.timeout)
+        return remote_object(self.fs, path, redact_url(self.source.url(shard.name)), shard.bytes, deadline)
 
     def _stream(self, remote: RemoteObject) -> RangeReader:
         return RangeReader(

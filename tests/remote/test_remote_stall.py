@@ -299,7 +299,8 @@ def read_with_cache_on(tmpfs_options: str, unshare: str, url: str, tmp_path: Pat
     cache.mkdir()
     script = tmp_path / "read.py"
     script.write_text(_READ_WITH_CACHE)
-    mount = f'mount -t tmpfs -o {tmpfs_options} tmpfs "$1" && exec "$2" "$3" "$4" "$1"'
+    # mode=0755: a tmpfs is 1777 by default, a cache directory others may write, which is refused.
+    mount = f'mount -t tmpfs -o {tmpfs_options},mode=0755 tmpfs "$1" && exec "$2" "$3" "$4" "$1"'
     result = subprocess.run(
         [unshare, "-Urm", "sh", "-c", mount, "sh", str(cache), sys.executable, str(script), url],
         capture_output=True,
