@@ -153,7 +153,7 @@ def eight_bit(im: Image.Image) -> Image.Image:
 
 
 def _to_gray16(im: Image.Image) -> Image.Image:
-    """32-bit integer gray as 16-bit (``I;16``), clipped to 0..65535: what PNG can hold of it."""
+    """Integer gray as ``I;16``, clipped to 0..65535: what PNG holds of 32-bit, 16-bit of any byte order."""
     return Image.fromarray(np.clip(np.asarray(im), 0, 65535).astype(np.uint16))
 
 
@@ -176,9 +176,7 @@ def _for_jpeg(im: Image.Image) -> tuple[Image.Image, bool]:
 def _for_png(im: Image.Image) -> Image.Image:
     if im.mode in _PNG_MODES:
         return im
-    if im.mode.startswith("I;16"):
-        return im.convert("I;16")
-    if im.mode == "I":
+    if im.mode.startswith("I"):  # I;16B and the like (Pillow's convert("I;16") zeroes them), and I
         return _to_gray16(im)
     if im.mode == "F":
         return eight_bit(im)
