@@ -19,7 +19,15 @@ import pytest
 from PIL import Image
 
 from imgshards.converter import PackConfig, pack, read_manifest
-from imgshards.converter.formats import convert_image, eight_bit
+from imgshards.converter.formats import convert_image
+
+
+def eight_bit(im: Image.Image) -> Image.Image:
+    """:func:`imgshards.converter.formats.eight_bit`, imported late: this file also runs on older code."""
+    from imgshards.converter import formats
+
+    return formats.eight_bit(im)
+
 
 VALUES = (100_000, 40_000, 1_000, -5)  # past 16 bits, 16 bits, under 8 bits... and below zero
 

@@ -16,7 +16,6 @@ import torch
 
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ShardDataset, ShardReadError, make_loader
-from imgshards.loader.dataset import allowed_lost
 
 IDENTITY = torch.nn.Identity()
 
@@ -67,6 +66,9 @@ def test_one_sample_more_than_max_lost_raises(lost_29):
 
 
 def test_the_allowance_is_the_decimal_share_rounded_down():
+    # Imported here, not at the top: the file's other tests also run (and failed) on 1bc048c.
+    from imgshards.loader.dataset import allowed_lost
+
     # Every whole percentage of 100 allows exactly that many, where the float product falls short.
     assert [allowed_lost(k / 100, 100) for k in range(101)] == list(range(101))
     assert [k for k in range(101) if k / 100 * 100 < k] == [29, 57, 58]
