@@ -20,7 +20,8 @@ one format, decided from the tree:
 
 ``keep_formats`` stores every image's original bytes under its own extension instead;
 :func:`reader_warnings` says which readers then miss what. The loader decodes a kept image as it
-would the converted one: upright (below), and more than 8 bits of gray scaled by :func:`eight_bit`.
+would the converted one: upright (below), transparency composited onto white by :func:`on_white`,
+and more than 8 bits of gray scaled by :func:`eight_bit`.
 
 Phone photos come as HEIC (the iPhone's default) and AVIF, which no common reader of shards decodes:
 they are always converted to the split's format (JPEG when ``keep_formats`` leaves it open). AVIF
@@ -57,6 +58,7 @@ __all__ = [
     "eight_bit",
     "heif_opener",
     "main_format",
+    "on_white",
     "orientation",
     "reader_warnings",
     "upright",
@@ -157,13 +159,26 @@ def _to_gray16(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.asarray(im), 0, 65535).astype(np.uint16))
 
 
+def on_white(im: Image.Image) -> Image.Image:
+    """``im`` composited onto white as RGB if it has transparency, else ``im`` itself (no work).
+
+    Transparency is an alpha band (``RGBA``, ``LA``, ``PA``...) or a ``transparency`` entry (a
+    palette's or a color key's PNG ``tRNS``). The one flattening of both ``pack``'s conversion to
+    JPEG, which has no alpha, and the loader's decode of a kept image, so that both give the same
+    pixels (Pillow's ``convert("RGB")`` drops the alpha and shows what lies under it).
+    """
+    if not _has_alpha(im):
+        return im
+    rgba = im.convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    white.alpha_composite(rgba)
+    return white.convert("RGB")
+
+
 def _for_jpeg(im: Image.Image) -> tuple[Image.Image, bool]:
     """An L or RGB image JPEG can store, and whether transparency was composited onto white."""
     if _has_alpha(im):
-        rgba = im.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        white.alpha_composite(rgba)
-        return white.convert("RGB"), True
+        return on_white(im), True
     if im.mode in ("L", "RGB"):
         return im, False
     if im.mode == "1":

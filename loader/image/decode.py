@@ -7,7 +7,8 @@ torchcodec is not installed, torchvision's ``decode_jpeg`` serves while torchvis
 (its deprecation warning silenced: one per image would bury the user's own); without either, Pillow
 decodes JPEG too. Other formats go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK)
 as ``pack`` would have converted them: upright (their EXIF orientation applied, as libjpeg-turbo
-applies a JPEG's) and gray of more than 8 bits scaled to 8
+applies a JPEG's), transparency composited onto white
+(:func:`~imgshards.converter.formats.on_white`) and gray of more than 8 bits scaled to 8
 (:func:`~imgshards.converter.formats.eight_bit`), so an image kept in its own format
 (``pack --keep-formats``, or a PNG split) arrives as the converted one would.
 The JPEG decoders return channels-last strides (``[3, H, W]`` over ``H x W x 3`` memory): the tensor
@@ -31,8 +32,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-# EXIF orientation and the scaling of deep gray, as pack's conversion applies them
-from imgshards.converter.formats import eight_bit, orientation, upright
+# EXIF orientation, flattening on white and the scaling of deep gray, as pack's conversion applies them
+from imgshards.converter.formats import eight_bit, on_white, orientation, upright
 from imgshards.converter.headers import (
     JpegHeader,
     jpeg_header,
@@ -123,8 +124,10 @@ def decode(
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            # What pack's conversion would have stored: upright, deep gray scaled (not clipped).
-            image = upright(eight_bit(im), orientation(im))
+            # What pack's conversion would have stored: upright, transparency on white (in pack's
+            # order: before deep gray is scaled), deep gray scaled (not clipped). An opaque image
+            # passes on_white and eight_bit as it is: a mode test each, no copy.
+            image = upright(eight_bit(on_white(im)), orientation(im))
             rgb = image.convert("RGB") if image.mode != "RGB" else image
             array = np.array(rgb)
     except _DECODE_ERRORS as e:
