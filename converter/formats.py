@@ -11,22 +11,26 @@ one format, decided from the tree:
   **JPEG** otherwise (ties, the common photo folder). A pure function of the file names, so the same
   tree gives the same format on any machine and a resumed run agrees with the run it continues.
 - Images already in that format (by their bytes) are stored as they are; the others are decoded and
-  re-encoded: to PNG losslessly (alpha, palette and 16-bit gray kept), to JPEG at quality
-  :data:`JPEG_QUALITY` with 4:4:4 chroma. JPEG has no alpha: transparent images are composited onto
-  white. Gray stays gray; CMYK, palette and other modes become RGB. Only the first frame of a
-  multi-frame TIFF or an animated WebP is kept. Each conversion is counted by reason
-  (``"png_to_jpg"``, ``"alpha_flattened"``...) in the summary and the index.
+  re-encoded: to PNG losslessly (alpha, palette and 16-bit gray kept; 32-bit integer gray, which PNG
+  cannot hold, as 16-bit: values clipped to 0..65535), to JPEG at quality :data:`JPEG_QUALITY` with
+  4:4:4 chroma. JPEG has no alpha: transparent images are composited onto white. Gray stays gray
+  (16- and 32-bit integer gray scaled to 8 bits by :func:`eight_bit`); CMYK, palette and other modes
+  become RGB. Only the first frame of a multi-frame TIFF or an animated WebP is kept. Each conversion
+  is counted by reason (``"png_to_jpg"``, ``"alpha_flattened"``...) in the summary and the index.
 
 ``keep_formats`` stores every image's original bytes under its own extension instead;
-:func:`reader_warnings` says which readers then miss what.
+:func:`reader_warnings` says which readers then miss what. The loader decodes a kept image as it
+would the converted one: upright (below), transparency composited onto white by :func:`on_white`,
+and more than 8 bits of gray scaled by :func:`eight_bit`.
 
 Phone photos come as HEIC (the iPhone's default) and AVIF, which no common reader of shards decodes:
 they are always converted to the split's format (JPEG when ``keep_formats`` leaves it open). AVIF
 goes through Pillow itself; HEIC through the pillow-heif plugin, an extra (:data:`HEIF_EXTRA`):
 without it a HEIC file is rejected with a reason naming that command.
 
-EXIF orientation, decided once for every format: an image arrives upright. A JPEG stored as it is
-keeps its orientation tag, which the loader's libjpeg-turbo decoders apply; an image converted here
+EXIF orientation, decided once for every format: an image arrives upright. An image stored as it is
+(a JPEG, or any format kept) keeps its orientation tag, which the loader applies (its libjpeg-turbo
+decoders for JPEG, :func:`upright` for the rest); an image converted here
 (any format, any reason) has its orientation applied to its pixels (:func:`upright`, counted as
 ``"exif_rotated"``), since the re-encoded file carries no tag. pillow-heif applies a HEIC's own
 rotation when it opens it and leaves no tag to apply twice.
@@ -51,8 +55,10 @@ __all__ = [
     "JPEG_QUALITY",
     "ConvertedImage",
     "convert_image",
+    "eight_bit",
     "heif_opener",
     "main_format",
+    "on_white",
     "orientation",
     "reader_warnings",
     "upright",
@@ -65,7 +71,8 @@ HEIF_EXTRA = 'pip install -e ".[heic]"'
 
 JPEG_QUALITY = 95
 _LOSSLESS_SUFFIXES = frozenset({".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"})
-_PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
+# Modes Pillow writes as PNG as they are ("I", 32-bit, it cannot: see _for_png).
+_PNG_MODES = frozenset({"1", "L", "LA", "I;16", "P", "RGB", "RGBA"})
 # Image keys of timm's ReaderWds (timm.data.readers.reader_wds, ``input_key``): samples with none
 # of these are dropped with a warning.
 _TIMM_KEYS = ("jpg", "png", "webp")
@@ -130,37 +137,64 @@ def _has_alpha(im: Image.Image) -> bool:
     return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info
 
 
-def _to_gray8(im: Image.Image) -> Image.Image:
-    """16- and 32-bit gray to 8 bits, scaled (Pillow's ``convert("L")`` clips at 255)."""
+def eight_bit(im: Image.Image) -> Image.Image:
+    """``im`` with at most 8 bits a channel: integer gray of 16 or 32 bits scaled to ``L``, the rest as is.
+
+    16-bit gray (``I;16``, ``I;16B``...) keeps its top 8 bits; 32-bit integer gray (``I``) is read as
+    16-bit (clipped to 0..65535, as :func:`convert_image` stores it in a PNG) and scaled the same;
+    float gray (``F``) is clipped to 0..255. Pillow's own ``convert("L")`` / ``convert("RGB")`` clip
+    every value above 255 to white. The one scaling of both ``pack``'s conversion to JPEG and the
+    loader's decode of a kept image, so that both give the same pixels.
+    """
+    if not (im.mode.startswith("I") or im.mode == "F"):
+        return im
     pixels = np.asarray(im)
-    if im.mode.startswith("I;16"):
-        return Image.fromarray((pixels.astype(np.uint16) >> 8).astype(np.uint8))
-    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    if im.mode == "F":
+        return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    return Image.fromarray((np.clip(pixels, 0, 65535).astype(np.uint16) >> 8).astype(np.uint8))
+
+
+def _to_gray16(im: Image.Image) -> Image.Image:
+    """Integer gray as ``I;16``, clipped to 0..65535: what PNG holds of 32-bit, 16-bit of any byte order."""
+    return Image.fromarray(np.clip(np.asarray(im), 0, 65535).astype(np.uint16))
+
+
+def on_white(im: Image.Image) -> Image.Image:
+    """``im`` composited onto white as RGB if it has transparency, else ``im`` itself (no work).
+
+    Transparency is an alpha band (``RGBA``, ``LA``, ``PA``...) or a ``transparency`` entry (a
+    palette's or a color key's PNG ``tRNS``). The one flattening of both ``pack``'s conversion to
+    JPEG, which has no alpha, and the loader's decode of a kept image, so that both give the same
+    pixels (Pillow's ``convert("RGB")`` drops the alpha and shows what lies under it).
+    """
+    if not _has_alpha(im):
+        return im
+    rgba = im.convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    white.alpha_composite(rgba)
+    return white.convert("RGB")
 
 
 def _for_jpeg(im: Image.Image) -> tuple[Image.Image, bool]:
     """An L or RGB image JPEG can store, and whether transparency was composited onto white."""
     if _has_alpha(im):
-        rgba = im.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        white.alpha_composite(rgba)
-        return white.convert("RGB"), True
+        return on_white(im), True
     if im.mode in ("L", "RGB"):
         return im, False
     if im.mode == "1":
         return im.convert("L"), False
     if im.mode.startswith("I") or im.mode == "F":
-        return _to_gray8(im), False
+        return eight_bit(im), False
     return im.convert("RGB"), False
 
 
 def _for_png(im: Image.Image) -> Image.Image:
     if im.mode in _PNG_MODES:
         return im
-    if im.mode.startswith("I;16"):
-        return im.convert("I;16")
+    if im.mode.startswith("I"):  # I;16B and the like (Pillow's convert("I;16") zeroes them), and I
+        return _to_gray16(im)
     if im.mode == "F":
-        return _to_gray8(im)
+        return eight_bit(im)
     return im.convert("RGBA" if _has_alpha(im) else "RGB")
 
 

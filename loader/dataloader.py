@@ -252,7 +252,8 @@ class ShardLoader:
                 shuffle setting (or another topology in eval mode), or is not a loader state.
 
         """
-        place = ResumeState.decode(state, self.dataset.resume_settings(), "ShardLoader")
+        ds = self.dataset
+        place = ResumeState.decode(state, ds.resume_settings(), "ShardLoader", ds.batches_in_leg)
         legs, batches = place.legs, place.batches
         # 0 workers is one worker in this process: the same plan as 1.
         topology = (place.world_size, max(place.num_workers, 1))

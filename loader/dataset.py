@@ -8,8 +8,10 @@ settings. :class:`ShardDataset` reads one split: its settings are fixed once, in
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -36,13 +38,22 @@ from .state.checkpoint import EpochState, shards_digest
 from .state.cursor import Counters, SharedControl
 from .state.ranks import settle_ranks
 
-__all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "PassDataset", "ShardDataset"]
+__all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "PassDataset", "ShardDataset", "allowed_lost"]
 
 Mode = Literal["train", "eval"]
 OnError = Literal["skip", "raise"]
 MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
 DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
+
+
+def allowed_lost(max_lost: float, planned: int) -> int:
+    """The samples a pass that planned ``planned`` may lose: ``floor(max_lost x planned)``, exactly.
+
+    ``max_lost`` counts as the decimal it is written as: ``max_lost=0.29`` of 100 samples allows 29,
+    where the float product ``0.29 * 100`` is 28.999999999999996.
+    """
+    return math.floor(Fraction(str(max_lost)) * planned)
 
 
 class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
@@ -113,12 +124,13 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
 
         ``lost``: the samples the pass's plan held that damaged or unreadable shards did not give.
         :class:`~imgshards.loader.ShardLoader` calls it as it hands over a pass's last batch (or
-        after the pass, if it ended short). Each rank judges its own pass, with no collective
+        after the pass, if it ended short). A pass may lose :func:`allowed_lost` samples, a whole number.
+        Each rank judges its own pass, with no collective
         operation: a rank that raises ends a ``torchrun`` or Lightning job (the launcher stops the
         other ranks), where a collective would leave them waiting on it if it never got there.
         """
         planned = self.rank_samples()
-        if lost and (lost > self.max_lost * planned or lost >= planned):
+        if lost and (lost > allowed_lost(self.max_lost, planned) or lost >= planned):
             roots = self._roots()
             verify = " and ".join(f"`imgshards verify {redact_url(str(root))}`" for root in roots)
             raise ShardReadError(
@@ -275,8 +287,10 @@ class ShardDataset(PassDataset):
             or a remote shard that cannot be read.
         max_lost: The share of its samples a rank's pass may lose to truncated or unreadable shards
             (warned about, and made up in train mode); a pass that loses more raises
-            :class:`ShardReadError` as its last batch is handed over (:meth:`check_lost`). ``0``:
-            any loss raises; ``1``: none does, unless the pass lost every sample.
+            :class:`ShardReadError` as its last batch is handed over (:meth:`check_lost`). It may lose
+            ``floor(max_lost x planned)`` samples, computed exactly (:func:`allowed_lost`: ``0.29``
+            of 100 allows 29). ``0``: any loss raises; ``1``: none does, unless the pass lost every
+            sample.
         storage_options: Options of the URL's fsspec file system (endpoint, credentials...);
             fsspec's own configuration applies as usual.
         cache_dir: Local directory caching remote shards, shared by workers and ranks of a machine.
@@ -446,6 +460,12 @@ class ShardDataset(PassDataset):
         return elastic.rank_batches(
             self.layout, epoch=self.epoch, legs=self.cursor.legs, world_size=world_size
         )
+
+    def batches_in_leg(self, epoch: int, legs: tuple[elastic.Leg, ...], world_size: int) -> int:
+        """The most batches a rank yields in ``epoch``'s leg after ``legs`` at ``world_size`` ranks."""
+        if self.mode == "eval":  # eval has no legs: its ranks yield one batch apart at most
+            return max(partition.rank_batches(self.num_samples, world_size=world_size, **self._kw()))
+        return elastic.rank_batches(self.layout, epoch=epoch, legs=legs, world_size=world_size)
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""

@@ -18,8 +18,10 @@ What holds, for ``W`` ranks:
 - **Exact resume**: ``k`` batches delivered are ``k`` batches of every source, each of which
   resumes at its batch ``k`` (elastic resume onto another topology included).
 
-Labels: sources with the same class list share it; otherwise source ``i``'s labels are shifted by
-the classes of the sources before it, and :attr:`MixedDataset.classes` lists them all in that order.
+Labels: sources with the same class list share it; otherwise the classes are merged by name, as
+``ImageFolder`` names them: :attr:`MixedDataset.classes` is the sorted union of the sources' class
+names, and each source's labels are mapped onto it, so a class that two sources hold ("dog" in both)
+is one label, whichever source a sample comes from.
 """
 
 from __future__ import annotations
@@ -135,11 +137,15 @@ class MixedDataset(PassDataset):
         self.image_settings = replace(self.parts[0].image_settings, seed=seed)
         self.num_samples = sum(p.num_samples for p in self.parts)
         self.shards_digest = "+".join(p.shards_digest for p in self.parts)
+        # One label a class name: the sorted union of the parts' classes, and each part's labels
+        # mapped onto it (None where a part's list is the mix's: its labels stay as they are).
         same = all(p.manifest.classes == self.parts[0].manifest.classes for p in self.parts)
-        self._offsets = [0] * len(self.parts)
-        if not same:
-            self._offsets = list(np.cumsum([0] + [len(p.manifest.classes) for p in self.parts[:-1]]))
-        self._classes = self.parts[0].classes if same else [c for p in self.parts for c in p.classes]
+        self._classes = self.parts[0].classes if same else sorted({c for p in self.parts for c in p.classes})
+        ids = {name: i for i, name in enumerate(self._classes)}
+        self._relabel: list[np.ndarray | None] = [
+            None if p.classes == self._classes else np.array([ids[c] for c in p.classes], dtype=np.int64)
+            for p in self.parts
+        ]
 
     @property
     def classes(self) -> list[str]:
@@ -148,7 +154,7 @@ class MixedDataset(PassDataset):
 
     @property
     def class_to_idx(self) -> dict[str, int]:
-        """Class name to label (the last source's, for a name that several sources have)."""
+        """Class name to label, as ``ImageFolder.class_to_idx`` (a name several sources hold is one label)."""
         return {name: i for i, name in enumerate(self._classes)}
 
     @property
@@ -189,6 +195,12 @@ class MixedDataset(PassDataset):
             )
         return min(batches)
 
+    def batches_in_leg(self, epoch: int, legs: tuple[elastic.Leg, ...], world_size: int) -> int:
+        """The batches every rank yields in ``epoch``'s leg after ``legs``: the shortest source's."""
+        return min(
+            elastic.rank_batches(p.layout, epoch=epoch, legs=legs, world_size=world_size) for p in self.parts
+        )
+
     def resume_settings(self) -> dict[str, Any]:
         """The parts' order settings (the same in every part), the mix's data, batch and weights."""
         return {
@@ -202,13 +214,13 @@ class MixedDataset(PassDataset):
         }
 
     def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        """Batch ``k`` of every source, as one batch: labels shifted, shuffled within the batch."""
+        """Batch ``k`` of every source, as one batch: labels mapped onto the mix's, shuffled within it."""
         streams = [raw_pass(p.read_settings, at, counters, clock=clock) for p in self.parts]
         for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
             k = batches[0][0]
             samples = [
-                {**s, LABEL: s[LABEL] + offset} if offset else s
-                for (_, part), offset in zip(batches, self._offsets, strict=True)
+                s if relabel is None else {**s, LABEL: int(relabel[s[LABEL]])}
+                for (_, part), relabel in zip(batches, self._relabel, strict=True)
                 for s in part
             ]
             rng = mix_rng(self.seed, at.epoch, at.rank, at.worker, k)

@@ -5,7 +5,12 @@ JPEG, nearly all of an ImageNet-like dataset, goes through libjpeg-turbo straigh
 (torchvision 0.29 deprecates its own image decoders in its favour and warns on every call). Where
 torchcodec is not installed, torchvision's ``decode_jpeg`` serves while torchvision still has it
 (its deprecation warning silenced: one per image would bury the user's own); without either, Pillow
-decodes JPEG too. Other formats go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK).
+decodes JPEG too. Other formats go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK)
+as ``pack`` would have converted them: upright (their EXIF orientation applied, as libjpeg-turbo
+applies a JPEG's), transparency composited onto white
+(:func:`~imgshards.converter.formats.on_white`) and gray of more than 8 bits scaled to 8
+(:func:`~imgshards.converter.formats.eight_bit`), so an image kept in its own format
+(``pack --keep-formats``, or a PNG split) arrives as the converted one would.
 The JPEG decoders return channels-last strides (``[3, H, W]`` over ``H x W x 3`` memory): the tensor
 resizes of the presets read that layout fastest, so it is kept, not copied to planar.
 
@@ -27,7 +32,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from imgshards.converter.formats import orientation, upright  # EXIF orientation, as pack applies it
+# EXIF orientation, flattening on white and the scaling of deep gray, as pack's conversion applies them
+from imgshards.converter.formats import eight_bit, on_white, orientation, upright
 from imgshards.converter.headers import (
     JpegHeader,
     jpeg_header,
@@ -117,8 +123,12 @@ def decode(
             pass  # refused by libjpeg (rare: truncated, empty, exotic); Pillow has the last word
     try:
         with Image.open(io.BytesIO(data)) as im:
-            rgb = im.convert("RGB") if im.mode != "RGB" else im
-            rgb.load()
+            im.load()
+            # What pack's conversion would have stored: upright, transparency on white (in pack's
+            # order: before deep gray is scaled), deep gray scaled (not clipped). An opaque image
+            # passes on_white and eight_bit as it is: a mode test each, no copy.
+            image = upright(eight_bit(on_white(im)), orientation(im))
+            rgb = image.convert("RGB") if image.mode != "RGB" else image
             array = np.array(rgb)
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None

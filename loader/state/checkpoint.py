@@ -10,7 +10,8 @@ the difference named (world size and worker count may differ for a ``ShardLoader
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,16 @@ from imgshards.converter.manifest import ShardInfo
 
 from ..epoch.position import Leg, PassPosition
 from ..errors import ConfigError, ResumeError
-from .cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
+from .cursor import CORRUPT, FILTERED, LOST, MAX_LEGS, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
 from .ranks import settle_ranks
 
 __all__ = [
+    "MAX_EPOCH",
+    "MAX_WORKERS",
+    "MAX_WORLD_SIZE",
     "STATE_VERSION",
     "EpochState",
+    "LegBatches",
     "ResumeState",
     "check_settings",
     "shards_digest",
@@ -34,6 +39,15 @@ __all__ = [
 STATE_VERSION = 3
 _READABLE_VERSIONS = (1, 2, 3)
 _RECORDED_SINCE_3 = ("split", "shards")
+
+# The bounds a saved state's numbers are checked against before any is used. The epoch lives in the
+# shared cursor's int64 slots, and the record moves one past the last epoch read: 2**62 leaves room.
+MAX_EPOCH = 1 << 62
+MAX_WORLD_SIZE = 1 << 16  # ranks; the elastic replay of a leg loops over its ranks and workers
+MAX_WORKERS = 1 << 10  # DataLoader workers a rank
+
+LegBatches = Callable[[int, tuple[Leg, ...], int], int]
+"""``(epoch, finished legs, world size)`` -> the most batches a rank yields in the leg after those legs."""
 
 
 @dataclass(frozen=True)
@@ -67,26 +81,75 @@ class ResumeState:
         return {**state, **settings}
 
     @classmethod
-    def decode(cls, state: Any, settings: Mapping[str, Any], what: str) -> ResumeState:
-        """Read a saved ``what`` state made with ``settings``.
+    def decode(
+        cls, state: Any, settings: Mapping[str, Any], what: str, leg_batches: LegBatches
+    ) -> ResumeState:
+        """Read a saved ``what`` state made with ``settings``, every field checked before it is used.
+
+        A saved state is untrusted input (a file anyone may have edited): each number must be an
+        integer (not a bool) in its range, and the finished legs must fit the split. ``leg_batches``
+        says how many batches a leg of the split has (the dataset's :meth:`~EpochState.batches_in_leg`):
+        a leg delivered from none to that many, the state's batches too.
 
         Raises:
-            ResumeError: not a ``what`` state, an unreadable version, or other settings.
+            ResumeError: not a ``what`` state, an unreadable version, other settings, or a field out of
+                range (one line naming the field, its value and the range).
 
         """
         check_settings(state, settings, what)
-        try:
-            worker = state.get("worker")
-            return cls(
-                int(state["epoch"]),
-                tuple((int(w), int(n), int(k)) for w, n, k in state.get("stages", [])),
-                int(state["batches"]),
-                int(state["world_size"]),
-                int(state["num_workers"]),
-                None if worker is None else int(worker),
+        for name in ("batches", "world_size", "num_workers"):
+            if name not in state:
+                raise ResumeError(f"not a {what} state: it has no {name!r}: {state!r}")
+        epoch = _integer(what, "epoch", state["epoch"], 0, MAX_EPOCH)
+        world_size = _integer(what, "world_size", state["world_size"], 1, MAX_WORLD_SIZE)
+        worker = state.get("worker")
+        # A loader without DataLoader workers saves 0; a worker's own state counts itself.
+        fewest = 0 if worker is None else 1
+        num_workers = _integer(what, "num_workers", state["num_workers"], fewest, MAX_WORKERS)
+        if worker is not None:
+            worker = _integer(what, "worker", worker, 0, num_workers - 1)
+        legs = _legs(what, state.get("stages", []), epoch, leg_batches)
+        if legs and state.get("mode") == "eval":
+            raise ResumeError(
+                f"cannot resume: {what} state field 'stages' is {state['stages']!r}; an eval pass has "
+                "no finished legs (it resumes only at its own topology): save the state again"
             )
-        except (KeyError, TypeError, ValueError):
-            raise ResumeError(f"not a {what} state: {state!r}") from None
+        most = leg_batches(epoch, legs, world_size)
+        batches = _integer(what, "batches", state["batches"], 0, most)
+        return cls(epoch, legs, batches, world_size, num_workers, worker)
+
+
+def _integer(what: str, name: str, value: Any, low: int, high: int) -> int:
+    """``value`` of field ``name`` as an int, if it is an integer (not a bool) from ``low`` to ``high``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= int(value) <= high:
+        return int(value)
+    raise ResumeError(
+        f"cannot resume: {what} state field {name!r} is {value!r}, not an integer from {low} to {high}; "
+        "resume from a state that state_dict() saved"
+    )
+
+
+def _legs(what: str, value: Any, epoch: int, leg_batches: LegBatches) -> tuple[Leg, ...]:
+    """The finished legs of a saved state's ``stages``, each checked against the legs before it."""
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes) or len(value) > MAX_LEGS:
+        raise ResumeError(
+            f"cannot resume: {what} state field 'stages' is {value!r}, not a list of at most {MAX_LEGS} "
+            "legs; resume from a state that state_dict() saved"
+        )
+    legs: tuple[Leg, ...] = ()
+    for i, leg in enumerate(value):
+        name = f"stages[{i}]"
+        if not isinstance(leg, Sequence) or isinstance(leg, str | bytes) or len(leg) != 3:
+            raise ResumeError(
+                f"cannot resume: {what} state field {name!r} is {leg!r}, not [world_size, num_workers, "
+                "batches]; resume from a state that state_dict() saved"
+            )
+        w = _integer(what, f"{name}[0] (world_size)", leg[0], 1, MAX_WORLD_SIZE)
+        n = _integer(what, f"{name}[1] (num_workers)", leg[1], 1, MAX_WORKERS)
+        # A finished leg delivered no more than the batches it had, after the legs before it.
+        k = _integer(what, f"{name}[2] (batches)", leg[2], 0, leg_batches(epoch, legs, w))
+        legs = (*legs, (w, n, k))
+    return legs
 
 
 def shards_digest(shards: Iterable[ShardInfo]) -> str:
@@ -135,6 +198,13 @@ class EpochState:
         ``split`` and ``shards`` (:func:`shards_digest`) tell the data itself: a state of another
         split or dataset of the same size would otherwise resume there, skipping samples it never
         delivered.
+        """
+        raise NotImplementedError
+
+    def batches_in_leg(self, epoch: int, legs: tuple[Leg, ...], world_size: int) -> int:
+        """The most batches a rank yields in ``epoch``'s leg after ``legs`` at ``world_size`` ranks.
+
+        What a saved state's batch counts are checked against (:meth:`ResumeState.decode`).
         """
         raise NotImplementedError
 
@@ -216,7 +286,7 @@ class EpochState:
 
         """
         mine = {**self.resume_settings(), "world_size": self.world_size}
-        place = ResumeState.decode(state, mine, "ShardDataset")
+        place = ResumeState.decode(state, mine, "ShardDataset", self.batches_in_leg)
         if place.worker is None:
             raise ResumeError("a ShardLoader state goes to loader.load_state_dict, not the dataset's")
         info = get_worker_info()

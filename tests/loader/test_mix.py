@@ -1,8 +1,8 @@
 """MixedDataset: two datasets in one loader, weighted: proportions, equal batches per rank, exact resume.
 
 Source A is ``packed_many`` (115 samples of 5 classes, packed); source B is 40 samples of 4 other
-classes written by webdataset's ShardWriter and indexed: their class lists differ, so B's labels
-come after A's and tell the sources apart.
+classes written by webdataset's ShardWriter and indexed (named ``0`` to ``3``): their class lists
+differ, so the mix merges them by name and B's labels (those of its names) tell the sources apart.
 """
 
 from __future__ import annotations
@@ -44,15 +44,17 @@ def test_every_batch_holds_the_weights_share_and_ranks_yield_equal_batches(sourc
     lens, per_source = [], Counter()
     for rank in (0, 1):
         ds = MixedDataset([a, b], weights=[3, 1], batch_size=8, transform=IDENTITY, rank=rank, world_size=2)
-        assert ds.shares == [6, 2] and ds.classes == ShardDataset(a).classes + ShardDataset(b).classes
+        assert ds.shares == [6, 2] and ds.classes == ["0", "1", "2", "3", *ShardDataset(a).classes]
+        of_b = {ds.class_to_idx[name] for name in ShardDataset(b).classes}
+        assert of_b == {0, 1, 2, 3}
         batches = list(make_loader(ds, num_workers=num_workers))
         lens.append(len(batches))
         assert len(batches) == len(ds) == 9  # A: 57 a rank, 9 whole batches of 6; B: 20, 10 of 2
         for batch in batches:  # the last one included
-            counts = Counter("B" if y >= 5 else "A" for y in batch.labels.tolist())
+            counts = Counter("B" if y in of_b else "A" for y in batch.labels.tolist())
             assert counts == {"A": 6, "B": 2}
             assert batch.labels.tolist() != sorted(batch.labels.tolist())  # shuffled within the batch
-        per_source.update("B" if y >= 5 else "A" for b_ in batches for y in b_.labels.tolist())
+        per_source.update("B" if y in of_b else "A" for b_ in batches for y in b_.labels.tolist())
     assert lens == [9, 9]
     # Over the epoch: exactly 3:1, A's partial batch (3 a rank) and B's 10th batch left out.
     assert per_source == {"A": 2 * 9 * 6, "B": 2 * 9 * 2}
