@@ -175,6 +175,14 @@ def on_white(im: Image.Image) -> Image.Image:
     return white.convert("RGB")
 
 
+def jpeg_ready(im: Image.Image) -> Image.Image:
+    """``im`` as an L or RGB image JPEG can store: transparency on white, deep gray scaled to 8 bits.
+
+    The one conversion of what pack stores as JPEG, ``--resize``'s re-encode included.
+    """
+    return _for_jpeg(im)[0]
+
+
 def _for_jpeg(im: Image.Image) -> tuple[Image.Image, bool]:
     """An L or RGB image JPEG can store, and whether transparency was composited onto white."""
     if _has_alpha(im):

@@ -41,7 +41,7 @@ from PIL import Image
 
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
-from .formats import ALWAYS_CONVERTED, convert_image, orientation, upright
+from .formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
 from .imagesizes import size_key
 from .offsets import BLOCK, encode_offsets
 from .pool import add_progress
@@ -231,7 +231,7 @@ def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection
             if im.format == "JPEG":
                 im.draft("RGB", size)  # let libjpeg decode at 1/2, 1/4 or 1/8 scale when it can
             turn = orientation(im)  # applied: the new file has no orientation tag (formats.py)
-            rgb = upright(im.convert("RGB"), turn)
+            rgb = upright(jpeg_ready(im).convert("RGB"), turn)  # as the conversion: on white, 8 bits
             size = size[::-1] if turn in (5, 6, 7, 8) else size  # width and height trade places
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
