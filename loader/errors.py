@@ -10,6 +10,7 @@ from __future__ import annotations
 from imgshards.converter.errors import ImgshardsError, ManifestError
 
 __all__ = [
+    "BatchingError",
     "ConfigError",
     "CorruptImageError",
     "ImageShapeError",
@@ -25,6 +26,20 @@ __all__ = [
 
 class ConfigError(ImgshardsError, ValueError):
     """A loader argument is out of range or not one of the allowed values (the message lists them)."""
+
+
+class BatchingError(ConfigError):
+    """A ``DataLoader`` batches again what a dataset of imgshards already batched (``batch_size=N``).
+
+    Raised in a DataLoader worker, and re-raised by the DataLoader in the training process with the
+    worker's traceback in its message: this class keeps only its own line, which names the fix.
+    """
+
+    def __init__(self, message: str) -> None:
+        if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            last = message.rstrip().rsplit("\n", 1)[-1]  # "imgshards.loader.errors.BatchingError: ..."
+            message = last.partition(": ")[2] or message
+        super().__init__(message)
 
 
 class CorruptImageError(ImgshardsError):
