@@ -280,7 +280,7 @@ def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
 
     def on_corrupt(worker: int, e: CorruptImageError) -> None:
         dataset.counters(worker).add(CORRUPT)
-        warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
+        warnings.warn(e.skipped(), RuntimeWarning, stacklevel=3)  # on_error="skip" in force: no advice
 
     return DeviceDecoder(
         decode_on,

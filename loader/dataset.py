@@ -235,7 +235,8 @@ class ShardDataset(PassDataset):
     """Batches of one split of a packed dataset, split exactly across ranks and DataLoader workers.
 
     Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` /
-    torchdata ``StatefulDataLoader`` with ``batch_size=None``, calling :meth:`set_epoch` each epoch).
+    torchdata ``StatefulDataLoader`` with ``batch_size=None``: it makes the batches itself). Every
+    pass reads the next epoch, whole; :meth:`set_epoch` sets the epoch of the next one.
     In train mode each worker reads blocks spread over the epoch's shuffled shard sequence (see
     :mod:`.epoch.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
     stacks a whole batch, so one message per batch crosses to the main process.
