@@ -105,12 +105,19 @@ def test_a_plain_dataloader_reads_a_new_epoch_each_pass(packed_many, lookup_many
     assert lookup_many.run_keys(loader) == passes[2]
 
 
-def test_a_plain_dataloader_peek_does_not_shorten_the_next_pass(packed_many, lookup_many):
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_plain_dataloader_peek_or_break_does_not_shorten_the_next_pass(
+    packed_many, lookup_many, persistent
+):
     ds = dataset(packed_many)
-    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
     next(iter(loader))
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
     full = lookup_many.run_keys(loader)
     assert len(full) == len(ds) and sorted(flat(full)) == sorted(lookup_many.keys)
+    assert full == epoch_keys(packed_many, lookup_many, 2) and ds.epoch == 2
 
 
 # ---- DataLoader(ds, batch_size=N) --------------------------------------------------------------------
