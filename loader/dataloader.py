@@ -100,11 +100,13 @@ def make_loader(
 class ShardLoader:
     """Iterates a :class:`ShardDataset` through a DataLoader; the epoch and the position are the dataset's.
 
-    A pass that delivered ``len(loader)`` batches completes the epoch as it hands over the last one,
-    whether or not the loop asks for more (Lightning, ``islice(loader, len(loader))``): the next pass
-    reads the next epoch. :meth:`set_epoch` (or the dataset's, the same thing) sets it, as with
-    ``DistributedSampler``; calling it every epoch with the epoch number is fine too. A train pass
-    stopped early resumes where it stopped at the next pass; an eval pass starts over.
+    Every ``iter(loader)`` is a whole pass of ``len(loader)`` batches, as with PyTorch's DataLoader,
+    and reads the next epoch: a pass that delivered ``len(loader)`` batches completes its epoch as it
+    hands over the last one, whether or not the loop asks for more (Lightning,
+    ``islice(loader, len(loader))``), and a pass stopped early (a peek, a ``break``) used its epoch
+    too. :meth:`set_epoch` (or the dataset's, the same thing) sets the epoch of the next pass, as with
+    ``DistributedSampler``; calling it every epoch with the epoch number is fine too. Only
+    :meth:`load_state_dict` makes the next pass continue an epoch where a saved one stopped.
 
     Resume: save :meth:`state_dict` with the checkpoint; in the new process build the same dataset
     and loader (same batch size, seed, shuffle settings), call :meth:`load_state_dict`, iterate. In
@@ -119,7 +121,7 @@ class ShardLoader:
         self.timeout = timeout  # seconds without a batch from live workers (0: no limit)
         # With dataset.decode_on the workers send raw batches, decoded here (device/decoding.py).
         self.decoder = None if dataset.decode_on is None else _decoder(dataset, dataset.decode_on)
-        self._loaded = False  # a state was loaded: an eval pass resumes too
+        dataset.loader_passes = True  # this loader begins each pass (its workers read what it fixed)
         # Worker batch buffers handed out, to give back once nothing here refers to them: the
         # storage, its token, and the references to it that are not a batch's (see _give_back).
         self._lent: list[tuple[torch.UntypedStorage, int, int]] = []
@@ -131,7 +133,11 @@ class ShardLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch being read, or the next to read between passes (the dataset's)."""
+        """The epoch being read, or the next to read once a pass finished it (the dataset's).
+
+        After a pass stopped early it still names that pass's epoch, as :meth:`state_dict` does (a
+        checkpoint saved then resumes it); the next ``iter()`` reads the epoch after it.
+        """
         return self.dataset.epoch
 
     def __len__(self) -> int:
@@ -143,9 +149,8 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         ds, cursor = self.dataset, self.dataset.cursor
-        # What the workers read as their pass starts (an eval pass restarts unless resumed).
-        delivered = cursor.begin_pass(restart=ds.mode == "eval" and not self._loaded)
-        self._loaded = False
+        # What the workers read as their pass starts: a loaded state's place, or an epoch from its start.
+        delivered = cursor.begin_pass()
         epoch, total = ds.epoch, ds.leg_batches()  # settles the rank for this pass
         if self.decoder is not None:
             self.decoder.rank = ds.rank  # its augment seeds: the rank of this pass, not of the build
@@ -269,7 +274,6 @@ class ShardLoader:
         if not 0 <= batches <= self.dataset.leg_batches():
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
         self.dataset.cursor.seek(place.epoch, legs, batches)
-        self._loaded = True
 
 
 def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
@@ -277,7 +281,7 @@ def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
 
     def on_corrupt(worker: int, e: CorruptImageError) -> None:
         dataset.counters(worker).add(CORRUPT)
-        warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
+        warnings.warn(e.skipped(), RuntimeWarning, stacklevel=3)  # on_error="skip" in force: no advice
 
     return DeviceDecoder(
         decode_on,

@@ -24,6 +24,7 @@ from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 from .epoch import elastic, partition
 from .epoch.position import PassPosition
 from .errors import ConfigError, ShardReadError, check_choice
+from .image.pil_input import user_transform
 from .image.presets import PRESETS, Transform, preset
 from .pipeline.batch import Batch, BufferPool
 from .pipeline.batches import Batches
@@ -87,6 +88,10 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         # load_state_dict() that the next pass of this process starts from.
         self._progress = PassPosition()
         self._pending: PassPosition | None = None
+        # Set by a ShardLoader: it begins each pass in the training process. Else (a plain DataLoader)
+        # the workers settle each pass among themselves; _passes counts this copy's passes for that.
+        self.loader_passes = False
+        self._passes = 0
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
         # then each worker times its steps and counts its batches in it.
         self.step_times: StepTimes | None = None
@@ -199,8 +204,11 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
     def begin_pass(self) -> PassPosition:
         """Where this process's pass starts, read when a DataLoader starts it (or a torchdata restore).
 
-        The pass's record as the pass began (:meth:`.state.cursor.EpochCursor.pass_state`), not as it
-        is now: the main process may have moved it on.
+        Under a :class:`~imgshards.loader.ShardLoader`, the pass it began (:meth:`.state.cursor.
+        EpochCursor.pass_state`), as the pass began, not as it is now: the main process may have
+        moved it on. Under a plain ``DataLoader`` the workers settle the pass among themselves
+        (:meth:`.state.cursor.EpochCursor.plain_pass`): every pass a whole one, the next epoch
+        unless ``set_epoch`` said otherwise since the latest pass began.
         """
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -208,9 +216,11 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         rank, world_size = self._pass_ranks()
         if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
             at, self._pending = self._pending, None
+            if not self.loader_passes:
+                self._plain_pass(info, restored=at.epoch)  # the restored pass is this DataLoader's pass
             at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers, rank, world_size)
         else:
-            epoch, legs, resume = self.cursor.pass_state()
+            epoch, legs, resume = self.cursor.pass_state() if self.loader_passes else self._plain_pass(info)
             # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
             # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
             role = partition.resumed_worker(worker, resume, num_workers)
@@ -219,12 +229,26 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         self._progress = at
         return at
 
+    def _plain_pass(
+        self, info: Any, restored: int | None = None
+    ) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
+        """The pass of a plain DataLoader this process starts now (see :meth:`.EpochCursor.plain_pass`)."""
+        self._passes += 1
+        if info is None:  # the training process: each __iter__ is a pass of its own
+            return self.cursor.plain_pass(None, None, restored)
+        # One value for every worker of a DataLoader pass: DataLoader's base seed (drawn anew for
+        # each iterator; a worker's seed is it plus the worker id) and this copy's passes (persistent
+        # workers keep their copy, so it counts their passes; new workers copy the training process's).
+        token = hash((info.seed - info.id, self._passes)) & 0xFFFF
+        return self.cursor.plain_pass(token, info.id, restored)
+
 
 class ShardDataset(PassDataset):
     """Batches of one split of a packed dataset, split exactly across ranks and DataLoader workers.
 
     Iterate it through :func:`~imgshards.loader.make_loader` (or a ``DataLoader`` /
-    torchdata ``StatefulDataLoader`` with ``batch_size=None``, calling :meth:`set_epoch` each epoch).
+    torchdata ``StatefulDataLoader`` with ``batch_size=None``: it makes the batches itself). Every
+    pass reads the next epoch, whole; :meth:`set_epoch` sets the epoch of the next one.
     In train mode each worker reads blocks spread over the epoch's shuffled shard sequence (see
     :mod:`.epoch.partition`), interleaves them, shuffles through a buffer, then decodes, transforms and
     stacks a whole batch, so one message per batch crosses to the main process.
@@ -268,9 +292,11 @@ class ShardDataset(PassDataset):
         batch_size: Samples per batch.
         mode: ``"train"`` (equal batches on every rank, shuffled) or ``"eval"`` (every sample once).
         transform: A preset name (``"train"``, ``"resnet"``, ``"eval"``) or a callable from ``uint8
-            [3, H, W]`` to ``uint8 [3, h, w]`` of one fixed size; default: the preset named like
-            ``mode``. A callable that draws random numbers should use torch's default generator,
-            which is seeded per batch.
+            [3, H, W]`` to an image tensor of one fixed size (``uint8``, or a float one: a batch
+            stacks what it returns); default: the preset named like ``mode``. A torchvision
+            transform written for ``ImageFolder`` (one with ``ToTensor`` or ``PILToTensor``) gets
+            PIL images, as there (:mod:`.image.pil_input`). A callable that draws random numbers
+            should use torch's default generator, which is seeded per batch.
         image_size: Output size of a preset transform.
         shuffle: Shuffle shard order and samples (default: in train mode only).
         shuffle_buffer: Samples in each worker's shuffle buffer (``<= 1``: no buffer).
@@ -421,6 +447,9 @@ class ShardDataset(PassDataset):
             views=not (raw_stages or image_stages),
             where=f"split {split!r} at {redact_url(str(self.root))}",
         )
+        if self.decode_on is None:
+            # A torchvision transform written for ImageFolder (ToTensor...) gets PIL images, as there.
+            transform = user_transform(transform)
         self.image_settings = ImageSettings(
             transform, seed, on_error, image_stages=image_stages, offload=self.decode_on is not None
         )

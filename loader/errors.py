@@ -10,6 +10,7 @@ from __future__ import annotations
 from imgshards.converter.errors import ImgshardsError, ManifestError
 
 __all__ = [
+    "BatchingError",
     "ConfigError",
     "CorruptImageError",
     "ImageShapeError",
@@ -27,39 +28,103 @@ class ConfigError(ImgshardsError, ValueError):
     """A loader argument is out of range or not one of the allowed values (the message lists them)."""
 
 
+class BatchingError(ConfigError):
+    """A ``DataLoader`` batches again what a dataset of imgshards already batched (``batch_size=N``).
+
+    Raised in a DataLoader worker, and re-raised by the DataLoader in the training process with the
+    worker's traceback in its message: this class keeps only its own line, which names the fix.
+    """
+
+    def __init__(self, message: str) -> None:
+        if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            last = message.rstrip().rsplit("\n", 1)[-1]  # "imgshards.loader.errors.BatchingError: ..."
+            message = last.partition(": ")[2] or message
+        super().__init__(message)
+
+
 class CorruptImageError(ImgshardsError):
     """A sample in a shard is unusable: its image does not decode or is refused, or its label is bad.
 
     Its image does not decode or the transform refuses it, or its label is not one of the classes.
-    Raised with ``on_error="raise"``, else skipped and counted.
+    Raised with ``on_error="raise"``, else skipped and counted: then :meth:`skipped` is the warning,
+    which gives no advice about ``on_error``. :meth:`named` names the file the sample was packed
+    from (its ``.json`` says), where the message named only its key.
 
     Built from one message string (:meth:`for_sample` writes it), so a DataLoader can re-raise it
     in the main process as this class.
     """
 
-    def __init__(self, message: str, *, key: str | None = None, shard: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        shard: str | None = None,
+        problem: str | None = None,
+        remedy: str = "",
+        path: str | None = None,
+        noun: str = "image",
+    ) -> None:
         super().__init__(message)
-        self.key, self.shard = key, shard
+        self.key, self.shard, self.path = key, shard, path
+        # The parts of the message: what the sample is called, what is wrong, what fixes the data.
+        self.noun, self.problem, self.remedy = noun, problem, remedy
+
+    @classmethod
+    def about(
+        cls,
+        key: str,
+        shard: str,
+        problem: str,
+        remedy: str = "",
+        *,
+        path: str | None = None,
+        noun: str = "image",
+    ) -> CorruptImageError:
+        """The error for the ``noun`` ``key`` of ``shard`` (packed from ``path``), which ``problem``s.
+
+        ``problem`` follows the subject ("does not decode (...)"); ``remedy``: what fixes the data.
+        """
+        advice = f'pass on_error="skip" to skip such {noun}s{", or " + remedy if remedy else ""}'
+        return cls(
+            f"{_subject(noun, key, shard, path)} {problem}; {advice}",
+            key=key,
+            shard=shard,
+            problem=problem,
+            remedy=remedy,
+            path=path,
+            noun=noun,
+        )
 
     @classmethod
     def for_sample(cls, key: str, shard: str, reason: str) -> CorruptImageError:
         """Return the error for sample ``key`` of ``shard``, ``reason`` being the decoder's complaint."""
-        return cls(
-            f"image {key!r} in shard {shard} does not decode ({reason}); "
-            'pass on_error="skip" to skip such images, or re-pack with the default checks',
-            key=key,
-            shard=shard,
-        )
+        return cls.about(key, shard, f"does not decode ({reason})", "re-pack with the default checks")
 
     @classmethod
     def for_transform(cls, key: str, shard: str, reason: str) -> CorruptImageError:
         """Return the error for sample ``key`` of ``shard`` that the transform refused for ``reason``."""
-        return cls(
-            f"image {key!r} in shard {shard} is refused by the transform ({reason}); "
-            'pass on_error="skip" to skip such images',
-            key=key,
-            shard=shard,
-        )
+        return cls.about(key, shard, f"is refused by the transform ({reason})")
+
+    def named(self, path: str | None) -> CorruptImageError:
+        """The same error naming the source file ``path`` too (itself if ``path`` is None or it cannot)."""
+        if path is None or self.problem is None or self.key is None or self.shard is None:
+            return self
+        return self.about(self.key, self.shard, self.problem, self.remedy, path=path, noun=self.noun)
+
+    def skipped(self) -> str:
+        """The warning for this sample skipped with ``on_error="skip"`` (in force: no advice to pass it)."""
+        if self.problem is None or self.key is None or self.shard is None:
+            return f"skipped: {self}"
+        remedy = f"; {self.remedy}" if self.remedy else ""
+        return f"skipped {_subject(self.noun, self.key, self.shard, self.path)}, which {self.problem}{remedy}"
+
+
+def _subject(noun: str, key: str, shard: str, path: str | None) -> str:
+    """How a message names a sample: by the file it was packed from if known, and by key and shard."""
+    if path is None:
+        return f"{noun} {key!r} in shard {shard}"
+    return f"{noun} {path} (sample {key!r} in shard {shard})"
 
 
 class ImageShapeError(ImgshardsError, ValueError):

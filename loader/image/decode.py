@@ -23,6 +23,7 @@ a preset's view of the image needs no more.
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -99,8 +100,59 @@ def _too_costly(data: bytes | bytearray | memoryview) -> str | None:
     return oversized(data) or too_many_scans(data)
 
 
+class _Stderr:
+    """libjpeg's warnings, which it writes to file descriptor 2 itself, caught around one decode.
+
+    libjpeg-turbo decodes a JPEG whose data ends early or holds stray bytes, and writes
+    ``Corrupt JPEG data: premature end of data segment`` to the process's stderr, naming no file.
+    Around a decode, fd 2 points at an in-memory file of this process (five system calls, a few
+    microseconds); what libjpeg wrote there goes to :func:`decode`'s ``on_damage``,
+    which names the sample, and anything else (another thread's output in that moment) back to stderr.
+    """
+
+    def __init__(self) -> None:
+        self.pid = self.file = -1
+
+    def open(self) -> int:
+        """The in-memory file of this process (a forked worker makes its own: the parent's is shared)."""
+        if self.pid != os.getpid():
+            memfd = getattr(os, "memfd_create", None)
+            if memfd is not None:
+                self.file = memfd("imgshards-libjpeg", 0)
+            else:  # not Linux: an unlinked temporary file
+                import tempfile
+
+                with tempfile.TemporaryFile() as f:
+                    self.file = os.dup(f.fileno())
+            self.pid = os.getpid()
+        return self.file
+
+    def said(self) -> list[str]:
+        """What was written since the last call: libjpeg's lines (the rest goes back to stderr)."""
+        if not os.lseek(self.file, 0, os.SEEK_CUR):
+            return []
+        text = os.pread(self.file, 1 << 16, 0).decode(errors="replace")
+        os.ftruncate(self.file, 0)
+        os.lseek(self.file, 0, os.SEEK_SET)
+        lines = text.splitlines()
+        ours = [line for line in lines if line.startswith(_LIBJPEG_SAYS)]
+        other = "".join(f"{line}\n" for line in lines if not line.startswith(_LIBJPEG_SAYS))
+        if other:
+            os.write(2, other.encode(errors="replace"))
+        return ours
+
+
+_LIBJPEG_SAYS = ("Corrupt JPEG data", "Premature end of JPEG file", "Invalid SOS parameters", "Warning: ")
+_STDERR = _Stderr()
+
+
 def decode(
-    data: bytes | bytearray | memoryview, ext: str, *, key: str = "?", shard: str = "?"
+    data: bytes | bytearray | memoryview,
+    ext: str,
+    *,
+    key: str = "?",
+    shard: str = "?",
+    on_damage: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
     """Decode one image (``ext`` is its format, as named in the shard) to RGB ``uint8 [3, H, W]``.
 
@@ -108,6 +160,10 @@ def decode(
     ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes), or
     a JPEG with more scans than :data:`~imgshards.converter.headers.MAX_SCANS` (each scan a pass
     over the whole image: thousands of them take minutes), is refused before any decode.
+
+    A JPEG that libjpeg decodes while warning that its data is damaged (``Corrupt JPEG data: premature
+    end of data segment``: the rest of the image is grey) is returned; what libjpeg said goes to
+    ``on_damage`` (a ``RuntimeWarning`` naming ``key`` and ``shard`` without it), not to stderr.
 
     Raises:
         CorruptImageError: the bytes do not decode, declare too many pixels or hold too many scans;
@@ -117,10 +173,21 @@ def decode(
     if (too_costly := _too_costly(data)) is not None:
         raise CorruptImageError.for_sample(key, shard, too_costly)
     if ext == "jpg" and _decode_jpeg is not None:
+        stderr = os.dup(2)  # whatever stderr is now (pytest's capture, a redirection...)
+        os.dup2(_STDERR.open(), 2)
         try:
-            return _decode_jpeg(data)
+            image = _decode_jpeg(data)
         except (RuntimeError, ValueError):
             pass  # refused by libjpeg (rare: truncated, empty, exotic); Pillow has the last word
+        else:
+            os.dup2(stderr, 2)
+            if said := _STDERR.said():
+                _damaged(key, shard, "; ".join(said), on_damage)
+            return image
+        finally:
+            os.dup2(stderr, 2)
+            os.close(stderr)
+        _STDERR.said()  # what libjpeg said of bytes it refused: Pillow's error says why
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
@@ -133,6 +200,17 @@ def decode(
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def _damaged(key: str, shard: str, said: str, on_damage: Callable[[str], None] | None) -> None:
+    if on_damage is not None:
+        on_damage(said)
+        return
+    warnings.warn(
+        f"image {key!r} in shard {shard} is damaged, decoded as far as its data goes (libjpeg: {said})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 # EXIF orientation -> which of the upright image's axes (x, y) run backwards through the stored one:

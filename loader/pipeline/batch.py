@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
+from torch.utils.data._utils.collate import default_collate_fn_map
 
-from ..errors import ConfigError
+from ..errors import BatchingError, ConfigError
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -21,6 +22,7 @@ __all__ = [
     "keep_buffer",
     "kept_buffer",
     "pool_token",
+    "refuse_default_collate",
     "to_device",
 ]
 
@@ -35,7 +37,8 @@ class Batch(NamedTuple):
     Attributes:
         images: ``uint8 [B, 3, H, W]``, RGB, channels-last in memory (``NHWC``: the layout the
             decoder and the resize produce, and the one convolutions on GPUs prefer).
-            :func:`to_device` gives normalized floats in either layout.
+            :func:`to_device` gives normalized floats in either layout. A transform of the
+            caller's that returns float images (``ToTensor``, ``Normalize``) gives them stacked.
         labels: ``int64 [B]``, class ids as in the index (``ImageFolder``'s).
 
     """
@@ -141,6 +144,29 @@ class SentBatch:
         return _sent_by_name, (self.pool, self.kept, shape, stride, labels)
 
 
+def refuse_default_collate(*types: type) -> None:
+    """Make ``default_collate`` refuse a list of ``types`` (whole batches) in one line naming the fix.
+
+    ``DataLoader(dataset, batch_size=N)`` (or its default ``batch_size=1``) lists ``N`` of the
+    dataset's batches and collates them; torch's own message names only a class of ours, from deep
+    inside a worker's traceback. ``default_collate_fn_map`` is torch's table of what
+    ``default_collate`` does with each type; only these types are added to it.
+    """
+    for t in types:
+        default_collate_fn_map[t] = _refuse_collate
+
+
+def _refuse_collate(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+    del collate_fn_map
+    images = getattr(batch[0], "images", None)
+    each = f" ({len(images)} images each here)" if isinstance(images, torch.Tensor) else ""
+    raise BatchingError(
+        f"DataLoader(batch_size=...) batches again the batches an imgshards dataset makes itself{each}; "
+        "pass DataLoader(dataset, batch_size=None), or use make_loader(dataset, num_workers=...), and "
+        "set the batch size on the dataset: ShardDataset(..., batch_size=N)"
+    )
+
+
 def _labels(data: bytes) -> torch.Tensor:
     if not data:
         return torch.empty(0, dtype=torch.int64, device="cpu")
@@ -159,6 +185,9 @@ def _sent_by_name(
         raise RuntimeError(f"batch buffer {token} of pool {pool} was sent by name but is not kept here")
     images = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage, 0, shape, stride)
     return Batch(images, _labels(labels))
+
+
+refuse_default_collate(Batch, SentBatch)
 
 
 def _capacity(nbytes: int) -> int:
@@ -201,12 +230,16 @@ def collate(
 ) -> Batch:
     """Stack ``uint8 [3, H, W]`` images into one channels-last batch, in ``pool``'s shared memory if given.
 
+    Images of another dtype (a transform of the caller's that returns floats) are stacked as they are,
+    in shared memory in a worker.
+
     In a DataLoader worker the batch goes straight into shared memory, so sending it to the main
     process copies nothing. Images that are the rows ``rows`` handed out, in order (the decode
     stage wrote each image there as it made it), are that batch as they stand: no copy.
 
     Raises:
-        ConfigError: the images differ in size (the transform must produce one fixed size).
+        ConfigError: the images differ in size (the transform must produce one fixed size) or
+            dtype, or are not image tensors.
 
     """
     # Worker batches live on the CPU whatever the default device (set_default_device) says.
@@ -217,19 +250,47 @@ def collate(
         )
     out = rows.holding(images) if rows is not None else None
     if out is None:
-        shape = images[0].shape
+        first = images[0]
         for img in images:
-            if img.shape != shape or img.dtype != torch.uint8 or img.dim() != 3:
-                raise ConfigError(
-                    f"a batch needs uint8 images of one size, got {tuple(shape)} and {tuple(img.shape)} "
-                    f"({img.dtype}); use a transform that crops to a fixed size (a preset does)"
-                )
-        into = BatchRows(len(images), pool=pool)
-        for img in images:
-            into.put(img)
-        out = into.holding(images=into.rows)
-        assert out is not None
+            _check_image(first, img)
+        if first.dtype != torch.uint8:  # a transform of the caller's that returns floats (Normalize...)
+            out = _stacked(images, shared=pool is not None)
+        else:
+            into = BatchRows(len(images), pool=pool)
+            for img in images:
+                into.put(img)
+            out = into.holding(images=into.rows)
+            assert out is not None
     return Batch(out, torch.tensor(labels, dtype=torch.int64, device="cpu"))
+
+
+def _check_image(first: Any, img: Any) -> None:
+    """Raise :class:`ConfigError` unless ``img`` stacks with ``first``: one size, one dtype, ``[C, H, W]``."""
+    if not isinstance(img, torch.Tensor) or img.dim() != 3:
+        what = f"a {type(img).__name__}" if not isinstance(img, torch.Tensor) else f"shape {tuple(img.shape)}"
+        raise ConfigError(
+            f"a batch needs image tensors [C, H, W], but the transform returned {what}; end it with "
+            "ToTensor() (v1) or ToImage() (v2), or use a preset"
+        )
+    if img.dtype != first.dtype:
+        raise ConfigError(
+            f"a batch needs images of one dtype, but the transform returned {first.dtype} and {img.dtype}"
+        )
+    if img.shape != first.shape:
+        raise ConfigError(
+            f"a batch needs images of one size, got {tuple(first.shape)} and {tuple(img.shape)}; use a "
+            "transform that crops to a fixed size (a preset does)"
+        )
+
+
+def _stacked(images: Sequence[torch.Tensor], *, shared: bool) -> torch.Tensor:
+    """``images`` stacked (in shared memory in a worker, as ``default_collate`` does: no copy to send)."""
+    first = images[0]
+    if not shared:
+        return torch.stack(list(images))
+    storage = torch.UntypedStorage._new_shared(len(images) * first.numel() * first.element_size())
+    out = torch.empty(0, dtype=first.dtype, device="cpu").set_(storage).view(len(images), *first.shape)
+    return torch.stack(list(images), out=out)
 
 
 class BatchRows:
@@ -251,12 +312,14 @@ class BatchRows:
 
     def put(self, image: torch.Tensor) -> torch.Tensor:
         """``image`` copied into the next row, and that row; ``image`` itself if it does not fit there."""
+        if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or image.dim() != 3:
+            return image  # collate says what is wrong with it, or stacks it (floats)
         out = self._out
         if out is None:
-            if image.dtype != torch.uint8 or image.dim() != 3 or not self.capacity:
+            if not self.capacity:
                 return image
             out = self._out = self._buffer(*image.shape)
-        if len(self.rows) == len(out) or image.shape != out.shape[1:] or image.dtype != torch.uint8:
+        if len(self.rows) == len(out) or image.shape != out.shape[1:]:
             return image  # collate says what is wrong with it
         row = out[len(self.rows)]
         row.copy_(image)
@@ -296,7 +359,8 @@ def to_device(
 
     Only ``uint8`` crosses the bus; the float conversion and ``(x / 255 - mean) / std`` run on the
     device. The copy overlaps with compute when the batch is in pinned memory (``make_loader``'s
-    ``pin_memory=True`` on a CUDA machine). Works the same on ``"cpu"``.
+    ``pin_memory=True`` on a CUDA machine). Works the same on ``"cpu"``. Float images (a transform
+    of the caller's normalized them already) are only copied, as ``dtype``.
 
     Args:
         batch: A batch from the loader.
@@ -316,6 +380,10 @@ def to_device(
     if not dtype.is_floating_point:
         raise ConfigError(f"to_device normalizes to a floating dtype, got {dtype}")
     device = torch.device(device)
+    if batch.images.is_floating_point():  # a transform of the caller's made and normalized them
+        images = batch.images.to(device, dtype=dtype, non_blocking=True)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        return Batch(images.contiguous(memory_format=fmt), batch.labels.to(device, non_blocking=True))
     images = batch.images.to(device, non_blocking=True)
     labels = batch.labels.to(device, non_blocking=True)
     fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -14,6 +14,7 @@ given; each yields new ones.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
@@ -26,7 +27,7 @@ from ..image.scaled import ScaledDecoder, scaled_decoder
 from .batch import Batch, BatchRows, BufferPool, SentBatch, collate
 from .offload import RawBatch, raw_batch
 from .read import seeded
-from .reader import image_member, sample_shard
+from .reader import image_member, sample_shard, source_path
 from .steps import AUGMENT, COLLATE, DECODE, NoClock, StepClock
 
 __all__ = [
@@ -66,7 +67,19 @@ def decode_one(sample: Mapping[str, Any], decode: Callable[..., Any] = decode_im
         raise CorruptImageError.for_sample(
             str(sample.get("__key__")), sample_shard(sample), "no image member"
         )
-    return decode(sample[ext], ext, key=str(sample.get("__key__")), shard=sample_shard(sample))
+    key, shard = str(sample.get("__key__")), sample_shard(sample)
+
+    def damaged(said: str) -> None:  # libjpeg decoded it, complaining: kept, and named
+        path = source_path(sample)
+        where = f"{path} (sample {key!r} in shard {shard})" if path else f"{key!r} in shard {shard}"
+        warnings.warn(
+            f"image {where} is damaged, decoded as far as its data goes (libjpeg: {said}); "
+            "re-pack with the default checks to leave it out",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    return decode(sample[ext], ext, key=key, shard=shard, on_damage=damaged)
 
 
 def transform_one(sample: Mapping[str, Any], image: Any, transform: Transform) -> Any:
@@ -175,9 +188,10 @@ def decode_batches(
                             image = decode_one(sample, decode)
                         image = transform_one(sample, image, transform_)
                 except CorruptImageError as e:
+                    named = e.named(source_path(sample))  # the file it was packed from, read only now
                     if on_corrupt is None:
-                        raise
-                    on_corrupt(e)
+                        raise named from None
+                    on_corrupt(named)
                     continue
                 if into is not None:
                     image = put(into, image)

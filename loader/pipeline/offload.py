@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .batch import IMAGENET_MEAN, IMAGENET_STD
+from .batch import IMAGENET_MEAN, IMAGENET_STD, refuse_default_collate
 from .reader import image_member, sample_shard
 
 __all__ = ["DecodeOn", "RawBatch", "raw_batch"]
@@ -145,6 +145,9 @@ class RawBatch:
         (~28 MB for 256 ImageNet JPEGs) would only cost a core and pinned memory.
         """
         return self
+
+
+refuse_default_collate(RawBatch)  # DataLoader(batch_size=N) would list several
 
 
 def raw_batch(

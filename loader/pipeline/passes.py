@@ -214,6 +214,6 @@ def _on_corrupt(on_error: str, counters: Counters) -> Callable[[CorruptImageErro
 
     def skip(e: CorruptImageError) -> None:
         counters.add(CORRUPT)
-        warnings.warn(f"skipped: {e}", RuntimeWarning, stacklevel=3)
+        warnings.warn(e.skipped(), RuntimeWarning, stacklevel=3)  # on_error="skip" in force: no advice
 
     return skip

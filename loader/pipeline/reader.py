@@ -25,6 +25,7 @@ label is not a class id in ``0..classes-1`` (read by the one label reader,
 from __future__ import annotations
 
 import functools
+import json
 import os
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -39,9 +40,11 @@ from imgshards.converter.tarstream import TarStream
 
 from ..errors import CorruptImageError, ShardReadError
 
-__all__ = ["RawSample", "ShardFormatError", "image_member", "read_run", "sample_shard"]
+__all__ = ["RawSample", "ShardFormatError", "image_member", "read_run", "sample_shard", "source_path"]
 
 _READ_BUFFER = 1 << 20
+_MAX_JSON = 1 << 16  # a .json member a message reads the source path from (pack writes ~100 bytes)
+_MAX_PATH = 1024  # characters of a source path a message shows
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 
 
@@ -99,6 +102,41 @@ def sample_shard(sample: Mapping[str, Any]) -> str:
     return str(sample.get("__url__", "?")).rsplit("/", 1)[-1]
 
 
+def source_path(sample: Mapping[str, Any]) -> str | None:
+    """The file ``sample`` was packed from (its ``.json``'s ``path``), for a message about it; else None.
+
+    The ``.json`` member is not read on the fast path (pack writes it for people): only when a
+    message needs it, from the sample if it holds it, else read again from its local shard (a
+    remote one is not read again: its message names the key). Untrusted: bounded, and only a string
+    ``path`` of printable characters is taken.
+    """
+    data = sample.get("json")
+    url, key = str(sample.get("__url__", "")), sample.get("__key__")
+    if data is None and key is not None and url and "://" not in url:
+        data = _member(url, str(key), "json")
+    try:
+        path = json.loads(bytes(data)).get("path") if data is not None and len(data) <= _MAX_JSON else None
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return path if isinstance(path, str) and path.isprintable() and 0 < len(path) <= _MAX_PATH else None
+
+
+def _member(path: str, key: str, ext: str) -> bytes | None:
+    """Member ``key.ext`` of the local shard at ``path`` (the one tar parser, stepping over the rest)."""
+    try:
+        with open(path, "rb", buffering=_READ_BUFFER) as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(0)
+            reader = SampleReader(TarStream(f, end=end), only=(ext,), max_read=_MAX_JSON)
+            for sample in reader:
+                if sample.key == key:
+                    data = sample.parts.get(ext)
+                    return None if data is None else bytes(data)
+    except (OSError, ImgshardsError, ValueError):
+        return None
+    return None
+
+
 def read_run(
     path: str | Path,
     start: int,
@@ -141,6 +179,7 @@ def read_run(
             for sample in samples:
                 got += 1
                 if isinstance(sample, CorruptImageError):
+                    sample = sample.named(source_path({"__url__": url, "__key__": sample.key}))
                     if on_corrupt is None:
                         raise sample
                     on_corrupt(sample)
@@ -254,9 +293,6 @@ def _to_raw(sample: TarSample, url: str, labels: _Labels) -> RawSample | Corrupt
 
 
 def _corrupt(key: str | None, shard: str, reason: str) -> CorruptImageError:
-    return CorruptImageError(
-        f"sample {key!r} in shard {shard} {reason}; it is skipped "
-        '(on_error="raise" stops on it); re-pack the dataset, or run `imgshards verify`',
-        key=key,
-        shard=shard,
+    return CorruptImageError.about(
+        str(key), shard, reason, "re-pack the dataset, or run `imgshards verify`", noun="sample"
     )

@@ -221,14 +221,15 @@ class EpochState:
         return self._control.cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass read epoch ``epoch``; the same as :meth:`ShardLoader.set_epoch`.
+        """Make the next pass read epoch ``epoch`` from its start; the same as :meth:`ShardLoader.set_epoch`.
 
-        Setting the epoch being read keeps its position (a pass resumes where it was stopped);
-        another epoch starts from its beginning.
+        Setting the epoch the next pass reads anyway keeps where it starts: a state just loaded
+        (``load_state_dict`` then ``set_epoch`` with the saved epoch, as a loop calling it every
+        epoch does) still resumes mid-epoch.
         """
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self.cursor.epoch:
+        if epoch != self.cursor.epoch or not self.cursor.fresh():
             self.cursor.seek(epoch, (), 0)
 
     # ---- the rank, settled as a pass starts (.ranks) -------------------------------------------

@@ -6,13 +6,24 @@ the finished legs of an elastic resume, and anything a worker reports back, its 
 its free batch buffers, lives in one shared ``int64`` tensor laid out as::
 
     [epoch, start, delivered, leg count, legs (3 each), the pass's epoch, leg count and legs,
-     counters (5 per worker slot), flags (8 a slot), rank, world size]
+     counters (5 per worker slot), flags (8 a slot), rank, world size,
+     the latest pass (token, number, epoch), the pass number the record was set at,
+     the latest pass each worker slot joined]
 
 The first slots are the one record of the epoch, owned by :class:`EpochCursor` (no other code
 writes them): :class:`~imgshards.loader.ShardLoader` moves the dataset's cursor, never a copy of
 its own. The workers of a pass read the pass's own copy (:meth:`EpochCursor.begin_pass`,
 :meth:`EpochCursor.pass_state`): a worker may start after the main process received the pass's
 last batch from the others and moved the record to the next epoch.
+
+Every pass is a whole pass (PyTorch's habit: each ``iter()`` of a DataLoader starts one). A pass
+reads the record if it was set since the latest pass began (``set_epoch``, a loaded state, the end
+of an epoch: :meth:`EpochCursor.fresh`), else the epoch after the latest pass's: a pass stopped
+early (a peek, a ``break``) used its epoch. A :class:`~imgshards.loader.ShardLoader` begins each
+pass in the training process (:meth:`EpochCursor.begin_pass`). A plain ``DataLoader`` calls the
+dataset's ``__iter__`` in each of its workers, with nothing in the training process to say a pass
+begins: its workers settle it among themselves (:meth:`EpochCursor.plain_pass`), so the epoch moves
+on once a pass, not once a worker.
 """
 
 from __future__ import annotations
@@ -52,7 +63,12 @@ _PER_WORKER = 5
 _POOL_BUFFERS = 8
 _POOL = _COUNTERS + _PER_WORKER * _MAX_WORKER_SLOTS
 _RANKS = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS  # the rank and world size the pass settled
-_SIZE = _RANKS + 2
+_LATEST = _RANKS + 2  # the latest pass: (token, number, epoch) in one int64, read and written whole
+_SET_AT = _LATEST + 1  # the number of the latest pass when the record was last set (seek)
+_JOINED = _SET_AT + 1  # per worker slot: the latest pass (as in _LATEST) that worker took part in
+_SIZE = _JOINED + _MAX_WORKER_SLOTS
+# _LATEST's fields: a worker's token of its DataLoader pass, the pass number, the pass's epoch.
+_TOKEN_BITS, _NUMBER_BITS, _EPOCH_BITS = 16, 16, 31
 _CONTROLS = itertools.count()  # names the datasets' buffer pools in a process
 
 
@@ -64,6 +80,7 @@ class EpochCursor:
     - :meth:`seek`: read ``epoch`` after its finished ``legs``, from batch ``delivered`` on (a resume,
       ``set_epoch``);
     - :meth:`begin_pass`: fix what the pass starting now reads (its workers read :meth:`pass_state`);
+      :meth:`plain_pass`: the same, settled by the workers of a plain ``DataLoader``;
     - :meth:`deliver`: the main process handed over one more batch;
     - :meth:`finish_epoch`: the epoch's last batch is out, the record moves to the next epoch while
       late workers still read the running pass's; :meth:`end_pass`: every worker has ended it.
@@ -87,42 +104,83 @@ class EpochCursor:
         """Batches of this rank's current leg delivered so far: where the next pass starts."""
         return int(self._t[_DELIVERED])
 
-    def seek(
-        self, epoch: int, legs: tuple[tuple[int, int, int], ...], delivered: int, *, mid_pass: bool = False
-    ) -> None:
+    def fresh(self) -> bool:
+        """The record was set (:meth:`seek`) since the latest pass began: the next pass reads it as it is."""
+        return int(self._t[_SET_AT]) == _number(int(self._t[_LATEST]))
+
+    def seek(self, epoch: int, legs: tuple[tuple[int, int, int], ...], delivered: int) -> None:
         """Make the next pass read ``epoch`` after its finished ``legs``, from batch ``delivered`` on.
 
-        ``mid_pass``: a pass is running, whose workers may not all have read what it is yet; they
-        read it as it was (the pass's own record, :meth:`pass_state`).
+        A pass running now is not changed: its workers read the pass's own record (:meth:`pass_state`).
         """
-        if len(legs) > MAX_LEGS:
-            raise ResumeError(f"more than {MAX_LEGS} topology changes within epoch {epoch}")
-        self._t[_EPOCH] = epoch
-        self._t[_NLEGS] = len(legs)
-        if legs:
-            self._t[_LEGS : _LEGS + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
-        self._t[_DELIVERED] = delivered
-        if not mid_pass:
-            self.begin_pass()
+        self._write(epoch, legs, delivered)
+        self._t[_SET_AT] = _number(int(self._t[_LATEST]))
 
     def restore(self, epoch: int, legs: tuple[tuple[int, int, int], ...]) -> None:
         """Read ``epoch`` after ``legs`` (a worker's torchdata restore: its own place is its own)."""
-        resume = int(self._t[_RESUME])
-        self.seek(epoch, legs, self.delivered, mid_pass=True)
-        self._fix_pass(resume)
+        self._write(epoch, legs, self.delivered)
 
-    def begin_pass(self, *, restart: bool = False) -> int:
-        """Fix what the pass starting now reads, from the batches delivered (0 with ``restart``).
+    def begin_pass(self) -> int:
+        """Begin a pass in the training process (a ShardLoader's): fix what its workers read.
 
-        Workers read it (:meth:`pass_state`) when their pass starts, which may be after the main
-        process received the pass's first, or even last, batches from other workers; so it changes
-        only between passes, while the record (:attr:`epoch`, :attr:`delivered`) moves on.
-        Returns the batches delivered, where the pass starts.
+        The record as it is if it is :meth:`fresh`, else the next epoch from its start (the latest
+        pass, stopped early, used the record's epoch). Workers read it (:meth:`pass_state`) when their
+        pass starts, which may be after the main process received the pass's first, or even last,
+        batches from other workers; so it changes only between passes, while the record
+        (:attr:`epoch`, :attr:`delivered`) moves on. Returns the batches delivered, where the pass starts.
         """
-        if restart:
-            self._t[_DELIVERED] = 0
+        if not self.fresh():
+            self._write(self.epoch + 1, (), 0)
+        latest = int(self._t[_LATEST])
         self._fix_pass(self.delivered)
+        self._t[_LATEST] = _pack(0, _number(latest) + 1, self.epoch)
         return self.delivered
+
+    def plain_pass(
+        self, token: int | None, slot: int | None, restored: int | None = None
+    ) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
+        """The epoch, legs and resume point of a plain ``DataLoader``'s pass this process starts now.
+
+        A plain DataLoader calls the dataset's ``__iter__`` once a pass in each worker (in the
+        training process without workers), and nothing in the training process tells a pass from
+        the next; so the first worker of a pass begins it (the record if :meth:`fresh`, else the
+        epoch after the latest pass's) and the others join it. ``token`` is the same for every
+        worker of one DataLoader pass and almost surely another for the next (from DataLoader's
+        base seed and the worker's own count of passes); ``slot`` is the worker's slot, which
+        remembers the latest pass it took part in, so a pass it already took part in is never
+        joined again. ``None``: the training process, where each call is a pass of its own.
+        ``restored``: the epoch of a torchdata restore, which this pass reads.
+
+        Workers of one pass that begin it at the same moment write the same values (each computes
+        them from the same latest pass), and the latest pass is one ``int64``, read and written whole.
+        """
+        while True:  # a consistent view: the latest pass, unchanged while the rest is read
+            latest = int(self._t[_LATEST])
+            fresh = int(self._t[_SET_AT]) == _number(latest)
+            if int(self._t[_LATEST]) == latest:
+                break
+        joined = int(self._t[_JOINED + slot % _MAX_WORKER_SLOTS]) if slot is not None else None
+        if token is not None and _token(latest) == token % (1 << _TOKEN_BITS) and joined != latest:
+            self._t[_JOINED + slot % _MAX_WORKER_SLOTS] = latest  # type: ignore[operator]
+            return self.pass_state()
+        legs: tuple[tuple[int, int, int], ...] = ()
+        if restored is not None:
+            epoch, resume = restored, 0
+        elif fresh:
+            epoch, legs, resume = self.epoch, self.legs, self.delivered
+        else:
+            epoch, resume = _epoch(latest) + 1, 0
+            self._write(epoch, (), 0)  # the record follows: ``dataset.epoch`` is the pass's epoch
+        self._t[_PASS] = epoch
+        self._t[_PASS + 1] = len(legs)
+        if legs:
+            self._t[_PASS + 2 : _PASS + 2 + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
+        self._t[_RESUME] = resume
+        begun = _pack(token or 0, _number(latest) + 1, epoch)
+        self._t[_LATEST] = begun  # last: a worker that sees it reads the pass written above
+        if slot is not None:
+            self._t[_JOINED + slot % _MAX_WORKER_SLOTS] = begun
+        return epoch, legs, resume
 
     def deliver(self) -> int:
         """Count one more batch handed over (an interrupted pass resumes after it); return the count."""
@@ -131,7 +189,7 @@ class EpochCursor:
 
     def finish_epoch(self) -> None:
         """The epoch's last batch is handed over: the record moves to the next epoch, the pass's does not."""
-        self.seek(self.epoch + 1, (), 0, mid_pass=True)
+        self.seek(self.epoch + 1, (), 0)
 
     def end_pass(self) -> None:
         """Every worker has ended the pass: the next pass reads the record from its start."""
@@ -141,6 +199,15 @@ class EpochCursor:
         """The running pass's epoch, finished legs and resume point (batches of its leg it skips)."""
         return int(self._t[_PASS]), self._read_legs(_PASS + 1), int(self._t[_RESUME])
 
+    def _write(self, epoch: int, legs: tuple[tuple[int, int, int], ...], delivered: int) -> None:
+        if len(legs) > MAX_LEGS:
+            raise ResumeError(f"more than {MAX_LEGS} topology changes within epoch {epoch}")
+        self._t[_EPOCH] = epoch
+        self._t[_NLEGS] = len(legs)
+        if legs:
+            self._t[_LEGS : _LEGS + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
+        self._t[_DELIVERED] = delivered
+
     def _fix_pass(self, resume: int) -> None:
         self._t[_PASS] = self._t[_EPOCH]
         self._t[_PASS + 1 : _COUNTERS] = self._t[_NLEGS:_PASS]
@@ -149,6 +216,27 @@ class EpochCursor:
     def _read_legs(self, at: int) -> tuple[tuple[int, int, int], ...]:
         flat = self._t[at + 1 : at + 1 + 3 * int(self._t[at])].tolist()
         return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+
+
+def _pack(token: int, number: int, epoch: int) -> int:
+    """A pass as one ``int64``: its token, its number (both modulo their width) and its epoch."""
+    if not 0 <= epoch < 1 << _EPOCH_BITS:
+        raise ResumeError(f"epoch {epoch} is out of range: at most {(1 << _EPOCH_BITS) - 1}")
+    token %= 1 << _TOKEN_BITS
+    number %= 1 << _NUMBER_BITS
+    return (token << (_NUMBER_BITS + _EPOCH_BITS)) | (number << _EPOCH_BITS) | epoch
+
+
+def _token(packed: int) -> int:
+    return packed >> (_NUMBER_BITS + _EPOCH_BITS)
+
+
+def _number(packed: int) -> int:
+    return (packed >> _EPOCH_BITS) & ((1 << _NUMBER_BITS) - 1)
+
+
+def _epoch(packed: int) -> int:
+    return packed & ((1 << _EPOCH_BITS) - 1)
 
 
 class Counters:
