@@ -21,7 +21,17 @@ from imgshards.converter.manifest import ShardInfo
 
 from ..epoch.position import Leg, PassPosition
 from ..errors import ConfigError, ResumeError
-from .cursor import CORRUPT, FILTERED, LOST, MAX_LEGS, TRUNCATED, UNREADABLE, EpochCursor, SharedControl
+from .cursor import (
+    CORRUPT,
+    FILTERED,
+    LOST,
+    MAX_EPOCH,
+    MAX_LEGS,
+    TRUNCATED,
+    UNREADABLE,
+    EpochCursor,
+    SharedControl,
+)
 from .ranks import settle_ranks
 
 __all__ = [
@@ -40,9 +50,8 @@ STATE_VERSION = 3
 _READABLE_VERSIONS = (1, 2, 3)
 _RECORDED_SINCE_3 = ("split", "shards")
 
-# The bounds a saved state's numbers are checked against before any is used. The epoch lives in the
-# shared cursor's int64 slots, and the record moves one past the last epoch read: 2**62 leaves room.
-MAX_EPOCH = 1 << 62
+# The bounds a saved state's numbers are checked against before any is used; the epoch's is the
+# shared cursor's (MAX_EPOCH, imported from .cursor).
 MAX_WORLD_SIZE = 1 << 16  # ranks; the elastic replay of a leg loops over its ranks and workers
 MAX_WORKERS = 1 << 10  # DataLoader workers a rank
 
@@ -227,8 +236,8 @@ class EpochState:
         (``load_state_dict`` then ``set_epoch`` with the saved epoch, as a loop calling it every
         epoch does) still resumes mid-epoch.
         """
-        if epoch < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        if not 0 <= epoch <= MAX_EPOCH:
+            raise ConfigError(f"epoch must be an integer from 0 to {MAX_EPOCH}, got {epoch}")
         if epoch != self.cursor.epoch or not self.cursor.fresh():
             self.cursor.seek(epoch, (), 0)
 

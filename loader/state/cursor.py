@@ -42,6 +42,7 @@ __all__ = [
     "CORRUPT",
     "FILTERED",
     "LOST",
+    "MAX_EPOCH",
     "MAX_LEGS",
     "TRUNCATED",
     "UNREADABLE",
@@ -69,6 +70,8 @@ _JOINED = _SET_AT + 1  # per worker slot: the latest pass (as in _LATEST) that w
 _SIZE = _JOINED + _MAX_WORKER_SLOTS
 # _LATEST's fields: a worker's token of its DataLoader pass, the pass number, the pass's epoch.
 _TOKEN_BITS, _NUMBER_BITS, _EPOCH_BITS = 16, 16, 31
+# The last epoch a pass may read: a pass's record holds the epoch after it too.
+MAX_EPOCH = (1 << _EPOCH_BITS) - 2
 _CONTROLS = itertools.count()  # names the datasets' buffer pools in a process
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from imgshards.loader import MixedDataset, ResumeError, ShardDataset, make_loader
+from imgshards.loader import ConfigError, MixedDataset, ResumeError, ShardDataset, make_loader
+from imgshards.loader.state.cursor import MAX_EPOCH
 
 IDENTITY = torch.nn.Identity()
 SAMPLES, BATCH = 48, 8  # 6 batches an epoch at world size 1, 3 a rank at world size 2
@@ -137,17 +138,25 @@ def test_a_saved_batch_count_past_the_epoch_is_refused(packed48):
 def test_a_saved_epoch_out_of_range_is_refused_by_the_loader_and_the_dataset(packed48, epoch):
     refused(loader(packed48), saved(packed48) | {"epoch": epoch}, "epoch")
     ds = ShardDataset(packed48, batch_size=BATCH, transform=IDENTITY)
-    with pytest.raises(ResumeError, match=rf"field 'epoch' is .*, not an integer from 0 to {2**62}"):
+    with pytest.raises(ResumeError, match=rf"field 'epoch' is .*, not an integer from 0 to {MAX_EPOCH}"):
         ds.load_state_dict(ds.state_dict() | {"epoch": epoch})
     assert ds.epoch == 0
 
 
+@pytest.mark.parametrize("epoch", [-1, MAX_EPOCH + 1, 2**70])
+def test_set_epoch_out_of_range_is_refused_in_one_line(packed48, epoch):
+    ld = loader(packed48)
+    with pytest.raises(ConfigError, match=rf"epoch must be an integer from 0 to {MAX_EPOCH}, got {epoch}"):
+        ld.set_epoch(epoch)
+    assert ld.epoch == 0
+
+
 def test_the_largest_epoch_resumes(packed48):
-    """2**62 is a valid epoch: its order is as computable as epoch 0's."""
-    state = saved(packed48) | {"epoch": 2**62, "batches": 5}
+    """MAX_EPOCH is a valid epoch: its order is as computable as epoch 0's."""
+    state = saved(packed48) | {"epoch": MAX_EPOCH, "batches": 5}
     ld = loader(packed48)
     ld.load_state_dict(state)
-    assert ld.epoch == 2**62 and samples_of(ld) == BATCH
+    assert ld.epoch == MAX_EPOCH and samples_of(ld) == BATCH
 
 
 # ---- a mix: its legs are its shortest source's ------------------------------------------------------
