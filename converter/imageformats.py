@@ -47,7 +47,7 @@ CpuDecoder = Literal["libjpeg", "pillow", "pillow-heif"]
 with the pillow-heif plugin (the ``heic`` extra; pack converts such images, so shards hold none)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageFormat:
     """One image format: its names, its magic bytes, and who decodes and converts it.
 
@@ -106,30 +106,61 @@ def _is_heic(data: bytes) -> bool:
 
 
 JPEG = ImageFormat(
-    "jpg",
-    (".jpg", ".jpeg"),
-    "JPEG",
-    lambda d: d.startswith(b"\xff\xd8\xff"),
+    name="jpg",
+    suffixes=(".jpg", ".jpeg"),
+    pillow="JPEG",
+    magic=lambda d: d.startswith(b"\xff\xd8\xff"),
     cpu="libjpeg",
     device=True,
     timm=True,
 )
 PNG = ImageFormat(
-    "png", (".png",), "PNG", lambda d: d.startswith(b"\x89PNG\r\n\x1a\n"), lossless=True, timm=True
+    name="png",
+    suffixes=(".png",),
+    pillow="PNG",
+    magic=lambda d: d.startswith(b"\x89PNG\r\n\x1a\n"),
+    lossless=True,
+    timm=True,
 )
-PPM = ImageFormat("ppm", (".ppm",), "PPM", lambda d: d[:2] in (b"P3", b"P6"), lossless=True)
-BMP = ImageFormat("bmp", (".bmp",), "BMP", lambda d: d.startswith(b"BM"), lossless=True)
-PGM = ImageFormat("pgm", (".pgm",), "PPM", lambda d: d[:2] in (b"P1", b"P2", b"P4", b"P5"), lossless=True)
+PPM = ImageFormat(
+    name="ppm", suffixes=(".ppm",), pillow="PPM", magic=lambda d: d[:2] in (b"P3", b"P6"), lossless=True
+)
+BMP = ImageFormat(
+    name="bmp", suffixes=(".bmp",), pillow="BMP", magic=lambda d: d.startswith(b"BM"), lossless=True
+)
+PGM = ImageFormat(  # PBM too (P1, P4): Pillow reads both as its PPM format
+    name="pgm",
+    suffixes=(".pgm",),
+    pillow="PPM",
+    magic=lambda d: d[:2] in (b"P1", b"P2", b"P4", b"P5"),
+    lossless=True,
+)
 TIFF = ImageFormat(
-    "tiff", (".tif", ".tiff"), "TIFF", lambda d: d[:4] in (b"II*\x00", b"MM\x00*"), lossless=True
+    name="tiff",
+    suffixes=(".tif", ".tiff"),
+    pillow="TIFF",
+    magic=lambda d: d[:4] in (b"II*\x00", b"MM\x00*"),
+    lossless=True,
 )
 WEBP = ImageFormat(
-    "webp", (".webp",), "WEBP", lambda d: d.startswith(b"RIFF") and d[8:12] == b"WEBP", timm=True
+    name="webp",
+    suffixes=(".webp",),
+    pillow="WEBP",
+    magic=lambda d: d.startswith(b"RIFF") and d[8:12] == b"WEBP",
+    timm=True,
 )
 HEIC = ImageFormat(
-    "heic", (".heic", ".heif"), "HEIF", _is_heic, cpu="pillow-heif", kept=False, image_folder=False
+    name="heic",
+    suffixes=(".heic", ".heif"),
+    pillow="HEIF",
+    magic=_is_heic,
+    cpu="pillow-heif",
+    kept=False,
+    image_folder=False,
 )
-AVIF = ImageFormat("avif", (".avif",), "AVIF", _is_avif, kept=False, image_folder=False)
+AVIF = ImageFormat(
+    name="avif", suffixes=(".avif",), pillow="AVIF", magic=_is_avif, kept=False, image_folder=False
+)
 
 FORMATS: tuple[ImageFormat, ...] = (JPEG, PNG, PPM, BMP, PGM, TIFF, WEBP, HEIC, AVIF)
 """Every image format pack takes in: the table."""
