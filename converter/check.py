@@ -30,6 +30,7 @@ from PIL import Image
 
 from .formats import HEIF_EXTRA, heif_opener
 from .headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
+from .imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
 
 __all__ = ["Check", "Inspection", "Reason", "inspect_image"]
 
@@ -74,57 +75,6 @@ class Inspection:
     detail: str = ""
 
 
-# Output extension for each input extension, used only when the magic bytes say nothing (check none).
-_EXT_BY_SUFFIX = {
-    ".jpg": "jpg",
-    ".jpeg": "jpg",
-    ".png": "png",
-    ".webp": "webp",
-    ".bmp": "bmp",
-    ".ppm": "ppm",
-    ".pgm": "pgm",
-    ".tif": "tiff",
-    ".tiff": "tiff",
-    ".heic": "heic",
-    ".heif": "heic",
-    ".avif": "avif",
-}
-# ISO base media file brands (the ``ftyp`` box) of AVIF and of HEIC/HEIF stills.
-_AVIF_BRANDS = frozenset({b"avif", b"avis"})
-_HEIC_BRANDS = frozenset({b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"})
-_OTHER_MAGIC = ((b"GIF8", "GIF"), (b"\x00\x00\x01\x00", "ICO"), (b"%PDF", "PDF"))
-
-
-def _sniff(data: bytes) -> str | None:
-    head = data[:12]
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpg"
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
-        return "webp"
-    if head.startswith(b"BM"):
-        return "bmp"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
-        return "tiff"
-    if head[:2] in (b"P3", b"P6"):
-        return "ppm"
-    if head[:2] in (b"P1", b"P2", b"P4", b"P5"):
-        return "pgm"
-    if head[4:8] == b"ftyp":
-        return _heif_kind(data)
-    return None
-
-
-def _heif_kind(data: bytes) -> str | None:
-    """``"avif"`` or ``"heic"`` from an ISO media file's major and compatible brands; else ``None``."""
-    size = int.from_bytes(data[:4], "big")
-    brands = {data[at : at + 4] for at in range(8, min(size, len(data), 256) - 3, 4)} - {b"\0\0\0\0"}
-    if brands & _AVIF_BRANDS:
-        return "avif"
-    return "heic" if brands & _HEIC_BRANDS else None
-
-
 def _jpeg_header(data: bytes) -> Inspection:
     """Walk the JPEG marker segments up to the first scan, then look for the end marker."""
     try:
@@ -140,7 +90,7 @@ def _jpeg_header(data: bytes) -> Inspection:
         return Inspection(reason=Reason.NOT_IMAGE, detail="JPEG without a frame header (SOF)")
     if (excess := too_many_scans(data)) is not None:  # minutes of decoding in every epoch
         return Inspection(reason=Reason.TOO_MANY_SCANS, detail=excess)
-    return Inspection(ext="jpg", width=frame.width, height=frame.height)
+    return Inspection(ext=JPEG.name, width=frame.width, height=frame.height)
 
 
 def _png_header(data: bytes) -> Inspection:
@@ -149,13 +99,13 @@ def _png_header(data: bytes) -> Inspection:
     width, height = struct.unpack_from(">II", data, 16)
     if data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
         return Inspection(reason=Reason.TRUNCATED, detail="no PNG IEND chunk at the end")
-    return Inspection(ext="png", width=width, height=height)
+    return Inspection(ext=PNG.name, width=width, height=height)
 
 
 def _declared_length(ext: str, data: bytes) -> int:
-    if ext == "webp":
+    if ext == WEBP.name:
         return struct.unpack_from("<I", data, 4)[0] + 8
-    if ext == "bmp" and len(data) >= 6:
+    if ext == BMP.name and len(data) >= 6:
         return struct.unpack_from("<I", data, 2)[0]  # 0 in some writers: nothing to compare
     return 0
 
@@ -200,21 +150,21 @@ def inspect_image(data: bytes, suffix: str, check: Check, max_pixels: int | None
             Pillow's ``Image.MAX_IMAGE_PIXELS``.
 
     """
-    ext = _sniff(data)
-    if ext == "heic" and not heif_opener():  # registers pillow-heif's opener for what follows
+    found = sniff(data)
+    ext = found.name if found is not None else None
+    if found is HEIC and not heif_opener():  # registers pillow-heif's opener for what follows
         return Inspection(reason=Reason.UNSUPPORTED_FORMAT, detail=f"HEIC needs pillow-heif: {HEIF_EXTRA}")
     if check is Check.NONE:
-        return Inspection(ext=ext or _EXT_BY_SUFFIX.get(suffix, suffix.lstrip(".")))
+        return Inspection(ext=ext or member_name(suffix))
     if not data:
         return Inspection(reason=Reason.EMPTY, detail="zero bytes")
     if ext is None:
-        for magic, name in _OTHER_MAGIC:
-            if data.startswith(magic):
-                return Inspection(reason=Reason.UNSUPPORTED_FORMAT, detail=f"{name} data in a {suffix} file")
+        if (name := unsupported_format(data)) is not None:
+            return Inspection(reason=Reason.UNSUPPORTED_FORMAT, detail=f"{name} data in a {suffix} file")
         return Inspection(reason=Reason.NOT_IMAGE, detail=f"no image signature (starts with {data[:8]!r})")
-    if ext == "jpg":
+    if found is JPEG:
         verdict = _jpeg_header(data)
-    elif ext == "png":
+    elif found is PNG:
         verdict = _png_header(data)
     elif excess := oversized(data, max_pixels):  # before Pillow reads more of a bomb than its header
         return Inspection(reason=Reason.TOO_MANY_PIXELS, detail=excess)

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from .imageformats import ALWAYS_CONVERTED, FORMATS, HEIC, JPEG, PNG
+
 __all__ = [
     "ALWAYS_CONVERTED",
     "EXIF_TRANSPOSE",
@@ -64,18 +66,16 @@ __all__ = [
     "upright",
 ]
 
-ALWAYS_CONVERTED = frozenset({"heic", "avif"})
-"""Formats stored converted whatever the split's format is: no common shard reader decodes them."""
 HEIF_EXTRA = 'pip install -e ".[heic]"'
 """The command that installs the HEIC decoder (pillow-heif), named where a HEIC file is rejected."""
 
 JPEG_QUALITY = 95
-_LOSSLESS_SUFFIXES = frozenset({".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"})
+_LOSSLESS_SUFFIXES = frozenset(s for f in FORMATS if f.lossless for s in f.suffixes)
 # Modes Pillow writes as PNG as they are ("I", 32-bit, it cannot: see _for_png).
 _PNG_MODES = frozenset({"1", "L", "LA", "I;16", "P", "RGB", "RGBA"})
 # Image keys of timm's ReaderWds (timm.data.readers.reader_wds, ``input_key``): samples with none
 # of these are dropped with a warning.
-_TIMM_KEYS = ("jpg", "png", "webp")
+_TIMM_KEYS = tuple(f.name for f in FORMATS if f.timm)
 
 
 @functools.cache
@@ -120,7 +120,7 @@ def main_format(paths: Iterable[str]) -> str:
             lossless += 1
         else:
             lossy += 1
-    return "png" if lossless > lossy else "jpg"
+    return PNG.name if lossless > lossy else JPEG.name
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ def convert_image(data: bytes, source: str, target: str) -> ConvertedImage:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # palette-with-transparency notices and the like
-        if source == "heic" and not heif_opener():
+        if source == HEIC.name and not heif_opener():
             raise ValueError(f"HEIC needs pillow-heif: {HEIF_EXTRA}")
         with Image.open(io.BytesIO(data)) as opened:
             opened.load()
@@ -226,19 +226,19 @@ def convert_image(data: bytes, source: str, target: str) -> ConvertedImage:
                 reasons.append("exif_rotated")
             out = io.BytesIO()
             icc = im.info.get("icc_profile")
-            if target == "jpg":
+            if target == JPEG.name:
                 image, flattened = _for_jpeg(im)
                 if flattened:
                     reasons.append("alpha_flattened")
                 keep_icc = icc if image.mode == im.mode else None  # a profile describes its own mode
-                image.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, icc_profile=keep_icc)
-            elif target == "png":
+                image.save(out, format=JPEG.pillow, quality=JPEG_QUALITY, subsampling=0, icc_profile=keep_icc)
+            elif target == PNG.name:
                 image = _for_png(im)
                 extra = {"transparency": im.info["transparency"]} if "transparency" in im.info else {}
                 if image.mode != im.mode:
                     extra = {}
                 keep_icc = icc if image.mode == im.mode else None
-                image.save(out, format="PNG", icc_profile=keep_icc, **extra)
+                image.save(out, format=PNG.pillow, icc_profile=keep_icc, **extra)
             else:
                 raise ValueError(f"target format must be jpg or png, got {target!r}")
             return ConvertedImage(out.getvalue(), image.width, image.height, tuple(reasons))

@@ -27,6 +27,8 @@ from typing import Literal, NamedTuple
 
 from PIL import Image
 
+from .imageformats import JPEG
+
 __all__ = [
     "MAX_SCANS",
     "JpegError",
@@ -190,7 +192,7 @@ def too_many_scans(data: bytes | bytearray | memoryview, max_scans: int | None =
         scans += 1
     if scans <= limit:
         return None
-    kind = "progressive JPEG" if frame.progressive else "JPEG"
+    kind = f"progressive {JPEG.pillow}" if frame.progressive else JPEG.pillow
     return f"{kind} with {scans} scans, more than the limit of {limit}"
 
 

@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+from .imageformats import IMG_EXTENSIONS, PHOTO_EXTENSIONS  # re-exported: where a dataset's images are
+
 __all__ = [
     "IMG_EXTENSIONS",
     "INDEX_NAME",
@@ -30,10 +32,6 @@ __all__ = [
 ]
 
 INDEX_NAME = "index.json"
-# torchvision.datasets.folder.IMG_EXTENSIONS; copied, not imported: the converter needs no torch.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-# Phone photos, packed converted (formats.ALWAYS_CONVERTED): ImageFolder does not list them.
-PHOTO_EXTENSIONS = (".heic", ".heif", ".avif")
 # Entries read in a folder to tell what it holds: a hint for a message, not a scan.
 _PEEK = 64
 _PEEK_FOLDERS = 8

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ManifestError
+from .imageformats import IMAGE_EXTENSIONS  # re-exported: the image members of a sample
 from .imagesizes import SizeStats
 from .labels import label_value
 from .locate import (
@@ -79,9 +80,6 @@ __all__ = [
 FORMAT_NAME = "imgshards"
 FORMAT_VERSION = 1
 TIMM_INFO_NAME = "_info.json"
-# Extensions of the image member in a sample, named by the format detected in the bytes, the
-# names webdataset's, timm's and DALI's readers look for.
-IMAGE_EXTENSIONS = ("jpg", "png", "webp", "bmp", "ppm", "pgm", "tiff")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from PIL import Image
 
 from .check import Check
+from .imageformats import JPEG
 from .imagesizes import SizeStats, size_key
 from .scan import ScanResult
 from .sourcefiles import read_file
@@ -181,7 +182,7 @@ def _load_time(data: bytes, rng: random.Random) -> float:
             )
             if scale == 2 and width * height < HALF_FROM_PIXELS:
                 scale = 1  # the loader decodes a small image whole rather than at 1/2
-            if im.format != "JPEG" or min(width, height) < 2 * TRAIN_SIZE or scale == 1:
+            if im.format != JPEG.pillow or min(width, height) < 2 * TRAIN_SIZE or scale == 1:
                 im.load()  # whole: the loader's decode, then its tensor resize of the view
             else:
                 im.draft("RGB", (width // scale, height // scale))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from .imageformats import JPEG, PNG
+
 __all__ = ["BAD_FILES", "make_synthetic_tree"]
 
 _SHAPES = ("circle", "square", "triangle", "cross", "ring", "stripes", "diamond", "dots")
@@ -89,10 +91,10 @@ def make_synthetic_tree(
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
             im = _draw(rng, shape, size if i % 2 == 0 else (size[1], size[0]))
-            fmt, ext = ("PNG", "png") if i % 5 == 4 else ("JPEG", "jpg")
+            fmt = PNG if i % 5 == 4 else JPEG
             buf = io.BytesIO()
-            im.save(buf, format=fmt, quality=90)
-            (folder / f"{shape}_{i:04d}.{ext}").write_bytes(buf.getvalue())
+            im.save(buf, format=fmt.pillow, quality=90)
+            (folder / f"{shape}_{i:04d}.{fmt.name}").write_bytes(buf.getvalue())
     if bad:
         _write_bad_files(root, seed)
     return root
@@ -100,7 +102,7 @@ def make_synthetic_tree(
 
 def _write_bad_files(root: Path, seed: int) -> None:
     good = io.BytesIO()
-    _draw(random.Random(seed), "circle", (64, 48)).save(good, format="JPEG", quality=90)
+    _draw(random.Random(seed), "circle", (64, 48)).save(good, format=JPEG.pillow, quality=90)
     content = {
         "unsupported_extension": b"not a picture, and not named like one\n",
         "empty": b"",

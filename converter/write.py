@@ -42,6 +42,7 @@ from PIL import Image
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
 from .formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
+from .imageformats import JPEG
 from .imagesizes import size_key
 from .offsets import BLOCK, encode_offsets
 from .pool import add_progress
@@ -223,12 +224,12 @@ def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # palette-with-transparency notices and the like
         with Image.open(io.BytesIO(data)) as im:
-            if im.format == "JPEG" and im.mode == "RGB" and min(im.size) <= resize:
+            if im.format == JPEG.pillow and im.mode == "RGB" and min(im.size) <= resize:
                 # Already what we would write: spare it a second generation of loss.
                 return data, Inspection(ext="jpg", width=im.width, height=im.height)
             scale = min(1.0, resize / min(im.size))
             size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
-            if im.format == "JPEG":
+            if im.format == JPEG.pillow:
                 im.draft("RGB", size)  # let libjpeg decode at 1/2, 1/4 or 1/8 scale when it can
             turn = orientation(im)  # applied: the new file has no orientation tag (formats.py)
             rgb = upright(jpeg_ready(im).convert("RGB"), turn)  # as the conversion: on white, 8 bits
@@ -236,7 +237,7 @@ def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
     out = io.BytesIO()
-    rgb.save(out, format="JPEG", quality=quality)
+    rgb.save(out, format=JPEG.pillow, quality=quality)
     return out.getvalue(), Inspection(ext="jpg", width=size[0], height=size[1])
 
 

@@ -7,6 +7,9 @@
   ``profiling/`` (a stage is a pipeline callable); no two loader modules whose names differ by
   one letter (``stream`` beside ``streams``).
 - loader/'s top level at most 14 entries; every package's ``__init__`` says what it holds.
+- One table of image formats (issue 39): an image extension spelled as a string (``"png"``,
+  ``".tiff"``, ``"JPEG"``...), the default ``"jpg"`` aside, in one module of converter/ (the table,
+  ``converter/imageformats.py``) and one of loader/ at most.
 
 Run as a script, it prints loader/'s import cycles, each import with its line and kind::
 
@@ -412,6 +415,106 @@ def test_no_name_of_the_loader_masks_one_of_its_modules():
             name = path.stem if path.suffix == ".py" else path.name if is_package else None
             if name and name != "__init__" and name in vars(package):
                 assert inspect.ismodule(vars(package)[name]), f"{package.__name__}.{name} masks its module"
+
+
+# Every spelling of an image extension: each format's name and suffixes in the table, and the
+# formats pack knows only to refuse. Compared without the dot, in any case.
+IMAGE_SPELLINGS = frozenset(
+    {"jpg", "jpeg", "jpe", "jfif", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "tif", "tiff"}
+    | {"gif", "ico", "heic", "heif", "avif"}
+)
+DEFAULT_FORMAT = "jpg"  # the default format's name, spelled where a default is given
+FORMAT_TABLE = ROOT / "converter" / "imageformats.py"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string constants that are a module's, class's or function's docstring."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    # A string alone on a line after an assignment documents the name (Sphinx's attribute docstring).
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list):
+                for before, after in pairwise(body):
+                    if (
+                        isinstance(before, (ast.Assign, ast.AnnAssign))
+                        and isinstance(after, ast.Expr)
+                        and isinstance(after.value, ast.Constant)
+                    ):
+                        found.add(id(after.value))
+    return found
+
+
+def extension_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, literal) of each string constant in ``path`` spelling an image extension but the default."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = _docstrings(tree)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and node.value != DEFAULT_FORMAT
+        and node.value.lower().removeprefix(".") in IMAGE_SPELLINGS
+    )
+
+
+def format_offenders() -> list[str]:
+    """Where image extensions are spelled outside the format table and one loader module reading it."""
+    where: dict[str, dict[str, list[str]]] = {}  # spelling -> folder -> "path:line" places
+    for folder, paths in (
+        ("converter", (ROOT / "converter").glob("*.py")),
+        ("loader", (ROOT / "loader").rglob("*.py")),
+    ):
+        for path in sorted(paths):
+            for line, literal in extension_literals(path):
+                spelling = literal.lower().removeprefix(".")
+                where.setdefault(spelling, {}).setdefault(folder, []).append(
+                    f"{path.relative_to(ROOT)}:{line}: {literal!r}"
+                )
+    wrong = []
+    for spelling, folders in sorted(where.items()):
+        converter = {place.split(":")[0] for place in folders.get("converter", [])}
+        loader = {place.split(":")[0] for place in folders.get("loader", [])}
+        if converter - {str(FORMAT_TABLE.relative_to(ROOT))} or len(loader) > 1:
+            wrong += [f"{spelling}: {place}" for places in folders.values() for place in places]
+    return wrong
+
+
+def test_image_formats_are_known_in_one_table():
+    # Adding a format is one entry in converter/imageformats.py (docs/layout.md): a module that spells
+    # an extension itself is a place that entry does not reach.
+    wrong = format_offenders()
+    assert not wrong, (
+        "image extensions spelled outside converter/imageformats.py (read its table, FORMATS):\n"
+        + "\n".join(wrong)
+    )
+
+
+def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
+    (tmp_path / "converter").mkdir()
+    (tmp_path / "loader" / "image").mkdir(parents=True)
+    (tmp_path / "converter" / "imageformats.py").write_text('PNG = "png"\nTIFF = (".tif", ".tiff")\n')
+    (tmp_path / "converter" / "write.py").write_text(
+        '"""Writes .png files: "png"."""\nDEFAULT = "jpg"\nX = 1\n"""png: documents X."""\n'
+        'def f(im):\n    """A docstring naming png."""\n    return im.format == "JPEG"\n'
+    )
+    (tmp_path / "loader" / "image" / "decode.py").write_text('SLOW = frozenset({".TIF", "png"})\n')
+    (tmp_path / "loader" / "scaled.py").write_text('def f(ext):\n    return ext == "jpg" or ext == "png"\n')
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "FORMAT_TABLE", tmp_path / "converter" / "imageformats.py")
+    assert format_offenders() == [
+        "jpeg: converter/write.py:7: 'JPEG'",  # Pillow's name of it counts: the table holds it
+        "png: converter/imageformats.py:1: 'png'",
+        "png: loader/image/decode.py:1: 'png'",  # a second loader module spells it
+        "png: loader/scaled.py:2: 'png'",
+    ]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from typing import NamedTuple
 import torch
 from PIL import Image
 
+from imgshards.converter.imageformats import FORMATS, JPEG
+
 from ..errors import CorruptImageError
 from ..image.decode import decode, jpeg_header
 from ..pipeline.offload import RawBatch
@@ -64,7 +66,7 @@ def _cuda_decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.
 
 
 def _host_decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    return [decode(d.numpy().tobytes(), "jpg").to(device) for d in datas]
+    return [decode(d.numpy().tobytes(), JPEG.name).to(device) for d in datas]
 
 
 def decode_sample(raw: RawBatch, i: int) -> torch.Tensor | CorruptImageError:
@@ -78,6 +80,8 @@ def decode_sample(raw: RawBatch, i: int) -> torch.Tensor | CorruptImageError:
 # ---- which decoder takes a sample (see the module docstring) -------------------------------------
 
 _EOI = b"\xff\xd9"
+# The formats (shard member names) the batched device decoder takes, from the format table.
+_DEVICE_FORMATS = frozenset(f.name for f in FORMATS if f.device)
 
 
 class Probe(NamedTuple):
@@ -104,7 +108,7 @@ class Probe(NamedTuple):
 
 def probe(data: bytes | bytearray | memoryview, ext: str) -> Probe:
     """Read the header of one sample (``ext``: its format as named in the shard) without decoding it."""
-    if ext == "jpg" and (header := jpeg_header(data)) is not None:
+    if ext in _DEVICE_FORMATS and (header := jpeg_header(data)) is not None:
         h, w = header.height, header.width
         if header.components not in (1, 3):
             return Probe(False, h, w, "CMYK")
@@ -115,7 +119,9 @@ def probe(data: bytes | bytearray | memoryview, ext: str) -> Probe:
         return Probe(True, h, w)
     try:  # another format, or a JPEG whose header does not parse: Pillow reads only the header here
         with Image.open(io.BytesIO(data)) as im:
-            return Probe(False, im.height, im.width, "not a JPEG" if ext != "jpg" else "unparsed header")
+            return Probe(
+                False, im.height, im.width, "not a JPEG" if ext not in _DEVICE_FORMATS else "unparsed header"
+            )
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):  # the CPU decoder says why
         return Probe(False, 0, 0, "unreadable")
 

@@ -41,10 +41,15 @@ from imgshards.converter.headers import (
     oversized,
     too_many_scans,
 )  # one JPEG header walker, the converter's
+from imgshards.converter.imageformats import FORMATS, JPEG
 
 from ..errors import CorruptImageError
 
 __all__ = ["JPEG_DECODER", "JpegHeader", "OpenJpeg", "Reduced", "decode", "jpeg_header", "open_jpeg"]
+
+# The formats (shard member names) that take libjpeg-turbo's path when this install has it; the rest
+# go through Pillow. Read from the format table, as the device decoder's are (device/backends.py).
+_LIBJPEG_FORMATS = frozenset(f.name for f in FORMATS if f.cpu == "libjpeg")
 
 # Exceptions Pillow and the JPEG decoders raise for bytes that are not a readable image.
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
@@ -172,7 +177,7 @@ def decode(
     """
     if (too_costly := _too_costly(data)) is not None:
         raise CorruptImageError.for_sample(key, shard, too_costly)
-    if ext == "jpg" and _decode_jpeg is not None:
+    if ext in _LIBJPEG_FORMATS and _decode_jpeg is not None:
         stderr = os.dup(2)  # whatever stderr is now (pytest's capture, a redirection...)
         os.dup2(_STDERR.open(), 2)
         try:
@@ -297,7 +302,7 @@ def open_jpeg(data: bytes | bytearray | memoryview) -> Iterator[OpenJpeg | None]
         yield None
         return
     try:
-        image = Image.open(io.BytesIO(data), formats=["JPEG"])
+        image = Image.open(io.BytesIO(data), formats=[JPEG.pillow])
     except _DECODE_ERRORS:
         yield None
         return

@@ -13,6 +13,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from imgshards.converter.imageformats import PNG
+
 from .devicerun import DeviceRun
 
 if TYPE_CHECKING:
@@ -427,7 +429,7 @@ def plot_sweep(report: BenchReport, path: str | Path) -> None:
         f"{report.samples:,} images{cold}",
         fontsize=10,
     )
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=PNG.name)
 
 
 def _label_cpu_share(ax: Any, run: RunResult, color: str, above: bool) -> None:

@@ -59,6 +59,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_a
 from tqdm.auto import tqdm
 
 from imgshards.converter.errors import SourceError
+from imgshards.converter.imageformats import member_name
 from imgshards.converter.manifest import read_manifest
 
 from ..dataloader import make_loader
@@ -275,8 +276,7 @@ class _FolderSteps:
 
     def load(self, path: str) -> torch.Tensor:
         _, (read, decode_, _, _) = self._steps()
-        suffix = os.path.splitext(path)[1].lower().lstrip(".")
-        return decode_(read(path), "jpg" if suffix in ("jpg", "jpeg") else suffix, key=path, shard="SRC")
+        return decode_(read(path), member_name(os.path.splitext(path)[1].lower()), key=path, shard="SRC")
 
     def transform(self, image: torch.Tensor) -> torch.Tensor:
         return self._steps()[1][2](image)
