@@ -31,6 +31,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from imgshards.converter import protocols
+
 from ..errors import ShardAccessError
 from .ranges import AnswerTooSlow, RangesIgnored, WholeStream
 
@@ -81,6 +83,11 @@ class RemoteObject:
         self.deadline = deadline
         self._version: Version | None = None
         self._lock = threading.Lock()
+
+    @staticmethod
+    def serves(fs: Any) -> bool:
+        """Whether this reader can read objects of ``fs``."""
+        return True
 
     def fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the object."""
@@ -187,6 +194,11 @@ def _http_version(headers: Any, ranged: bool) -> Version:
 class _S3Object(RemoteObject):
     """An object in S3 (s3fs), each GetObject conditional on the ETag its first answer gave."""
 
+    @staticmethod
+    def serves(fs: Any) -> bool:
+        """Whether ``fs`` is s3fs's, whose calls this reader makes itself."""
+        return hasattr(fs, "_call_s3")
+
     def fetch(self, start: int, end: int) -> bytes:
         from fsspec.asyn import sync
 
@@ -230,16 +242,25 @@ def _precondition_failed(error: BaseException) -> bool:
     return False
 
 
+# The reader of each way to pin a version (the protocol table's Version).
+_READERS: dict[protocols.Version, type[RemoteObject]] = {
+    protocols.Version.ANSWER_HEADERS: _HttpObject,
+    protocols.Version.IF_MATCH: _S3Object,
+}
+
+
 def _show(version: Version) -> str:
     tag, size = version
     return f"{tag or 'no ETag'}, {size if size is not None else '?'} bytes"
 
 
 def remote_object(fs: Any, path: str, name: str, size: int, deadline: Deadline | None = None) -> RemoteObject:
-    """The reader of one object for ``fs``: checked (and each request held to ``deadline``) on HTTP and S3."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "http" in protocols or "https" in protocols:
-        return _HttpObject(fs, path, name, size, deadline)
-    if "s3" in protocols and hasattr(fs, "_call_s3"):
-        return _S3Object(fs, path, name, size, deadline)
-    return RemoteObject(fs, path, name, size, deadline)
+    """The reader of one object for ``fs``: checked (and each request held to ``deadline``) on HTTP and S3.
+
+    Which reader is the :attr:`~imgshards.converter.protocols.Protocol.version` of ``fs``'s protocol.
+    """
+    protocol = protocols.for_fs(fs)
+    kind = _READERS.get(protocol.version, RemoteObject) if protocol is not None else RemoteObject
+    if not kind.serves(fs):
+        kind = RemoteObject
+    return kind(fs, path, name, size, deadline)
