@@ -4,7 +4,8 @@ A shard replaced on the server while a pass reads it (re-packed or re-uploaded m
 the tar reader the bytes of two versions: samples lost, others read twice, nothing to say why. So the
 first answer for a shard pins its version, and every later answer must carry the same one, else the
 read raises :class:`~imgshards.loader.errors.ShardAccessError` ("changed on the server during the
-pass"), which ends the epoch: never a mix of two versions. Per file system::
+pass"), which ends the epoch: never a mix of two versions. Per file system (its entry's ``version``
+in the protocol table, :mod:`imgshards.converter.protocols`)::
 
     HTTP(S)  GET with Range; the version is the answer's ETag (else its Last-Modified) and the
              object's size (the total of Content-Range, or Content-Length for a whole answer)
