@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from .imageformats import IMG_EXTENSIONS, PHOTO_EXTENSIONS  # re-exported: where a dataset's images are
+from .protocols import FILE_PREFIX, SCHEMES
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -42,7 +43,7 @@ def is_url(root: object) -> bool:
 
     ``file://`` URLs count as local paths.
     """
-    return isinstance(root, str) and "://" in root and not root.startswith("file://")
+    return isinstance(root, str) and "://" in root and not root.startswith(FILE_PREFIX)
 
 
 # The user-info part of every URL in a text: ``scheme://`` then anything up to the last ``@`` before
@@ -86,13 +87,6 @@ def shown_cause(error: BaseException) -> BaseException | None:
     return error
 
 
-# Schemes of fsspec's common file systems, to catch a URL with a slash missing (``s3:/bucket``).
-_SCHEMES = frozenset(
-    {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "file", "ftp"}
-    | {"sftp", "ssh", "hdfs", "webhdfs", "oci", "oss", "r2", "memory", "github", "dbfs"}
-)
-
-
 def url_typo(root: object) -> str | None:
     """If ``root`` reads as a URL with a slash missing (``s3:/bucket/x``, ``gs:bucket``), the URL meant.
 
@@ -105,7 +99,8 @@ def url_typo(root: object) -> str | None:
     if not isinstance(text, str) or "://" in text:
         return None
     scheme, colon, rest = text.partition(":")
-    if not colon or scheme.lower() not in _SCHEMES:
+    # The schemes of fsspec's common file systems (.protocols): ``s3:/bucket``, ``gs:bucket``...
+    if not colon or scheme.lower() not in SCHEMES:
         return None
     return f"{scheme}://{rest.lstrip('/')}"
 
@@ -113,7 +108,7 @@ def url_typo(root: object) -> str | None:
 def local_path(root: str | os.PathLike[str]) -> Path:
     """A local path, ``file://`` prefix removed."""
     text = os.fspath(root)
-    return Path(text[len("file://") :] if text.startswith("file://") else text)
+    return Path(text[len(FILE_PREFIX) :] if text.startswith(FILE_PREFIX) else text)
 
 
 def not_a_dataset(path: Path) -> str:

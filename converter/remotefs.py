@@ -18,18 +18,15 @@ from typing import Any, TypeVar
 
 from .errors import DestinationError
 from .locate import redact_url, shown_cause
+from .protocols import for_names, for_url
 
 __all__ = ["DEFAULT_TIMEOUT", "Remote", "check_bucket", "no_credentials", "one_line", "with_timeouts"]
 
 DEFAULT_TIMEOUT = 20.0
 """Seconds a remote request may wait for the server: to connect, and for each next piece of its answer."""
 
-# Protocols whose PUT is atomic (a partial object never appears under the final name).
-_ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "gcsfs", "abfs", "abfss", "az", "adl"})
 _UPLOAD_ATTEMPTS = 4
 T = TypeVar("T")
-# botocore's configuration for the check: a dead endpoint fails in seconds, not after retries.
-_FAST_S3 = {"connect_timeout": 3, "read_timeout": 15, "retries": {"max_attempts": 1, "mode": "standard"}}
 
 
 def check_bucket(
@@ -45,8 +42,10 @@ def check_bucket(
     from fsspec.core import url_to_fs
 
     options = dict(storage_options)
-    if protocols & {"s3", "s3a"}:
-        options["config_kwargs"] = {**(options.get("config_kwargs") or {}), **_FAST_S3}
+    protocol = for_names(sorted(protocols))
+    if protocol is not None and protocol.fast_check is not None:
+        for key, fast in protocol.fast_check.items():
+            options[key] = {**(options.get(key) or {}), **fast}
     endpoint = options.get("endpoint_url")
     at = f" at {endpoint}" if endpoint else ""
     try:
@@ -89,30 +88,18 @@ def with_timeouts(url: str, storage_options: Mapping[str, Any] | None, timeout: 
 
     Without them a server that stalls mid-answer hangs a read for minutes (aiohttp's default total
     timeout is 5 minutes; botocore's read timeout 60 s, retried). A timeout the options already set
-    wins. HTTP (aiohttp): ``client_kwargs={"timeout": ClientTimeout(sock_connect=..., sock_read=...)}``,
-    no total (a slow answer that keeps coming is not a stall); S3 (botocore): ``config_kwargs``'s
+    wins. How each file system takes them is its :attr:`~.protocols.Protocol.timeouts`: HTTP
+    (aiohttp): ``client_kwargs={"timeout": ClientTimeout(sock_connect=..., sock_read=...)}``, no total
+    (a slow answer that keeps coming is not a stall); S3 (botocore): ``config_kwargs``'s
     ``connect_timeout`` and ``read_timeout``. Other file systems get no option: the loader bounds its
     own waits on them (:mod:`imgshards.loader.remote.ranges`).
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
     options = dict(storage_options or {})
-    protocol = url.partition("://")[0].lower() if "://" in url else ""
-    if protocol in ("http", "https"):
-        try:
-            import aiohttp  # fsspec's HTTP file system needs it anyway
-        except ImportError:
-            return options  # fsspec says which package to install when the file system is made
-        client = dict(options.get("client_kwargs") or {})
-        client.setdefault(
-            "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
-        )
-        options["client_kwargs"] = client
-    elif protocol in ("s3", "s3a"):
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", timeout)
-        config.setdefault("read_timeout", timeout)
-        options["config_kwargs"] = config
+    protocol = for_url(url)
+    if protocol is not None and protocol.timeouts is not None:
+        protocol.timeouts(options, timeout)
     return options
 
 
@@ -144,7 +131,9 @@ class Remote:
         self.root = root.rstrip("/")
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self.protocols = frozenset(protocols)
-        self.atomic_put = bool(_ATOMIC_PUT.intersection(protocols))
+        protocol = for_names(protocols)
+        # An object store: a PUT is atomic (a partial object never appears under the final name).
+        self.atomic_put = protocol is not None and protocol.object_store
 
     def check(self) -> None:
         """Fail in one line, within seconds, if the bucket cannot be reached or used: :func:`check_bucket`."""

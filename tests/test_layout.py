@@ -10,6 +10,9 @@
 - One table of image formats (issue 39): an image extension spelled as a string (``"png"``,
   ``".tiff"``, ``"JPEG"``...), the default ``"jpg"`` aside, in one module of converter/ (the table,
   ``converter/imageformats.py``) and one of loader/ at most.
+- One place per storage protocol (issue 39): a scheme name (``"s3"``, ``"https://"``) is written in
+  the protocol table, converter/protocols.py, and in at most one loader module besides; the rest
+  reads the table.
 
 Run as a script, it prints loader/'s import cycles, each import with its line and kind::
 
@@ -515,6 +518,135 @@ def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
         "png: loader/image/decode.py:1: 'png'",  # a second loader module spells it
         "png: loader/scaled.py:2: 'png'",
     ]
+
+
+# ---- one table of storage protocols (issue 39) ---------------------------------------------------
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring nodes of ``tree``: a module's, a class's, a function's, an attribute's."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, stmt in enumerate(body):
+            # The first statement, or a string right after an assignment (an attribute's docstring).
+            after_assign = i > 0 and isinstance(body[i - 1], (ast.Assign, ast.AnnAssign))
+            if (
+                (i == 0 or after_assign)
+                and isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
+                found.add(id(stmt.value))
+    return found
+
+
+_PREFIX_METHODS = frozenset({"startswith", "endswith", "removeprefix", "partition", "split", "find", "index"})
+
+
+def scheme_constants(tree: ast.AST, schemes: frozenset[str]) -> list[tuple[str, int]]:
+    """(constant, line) for each string in ``tree`` that names a storage protocol, docstrings not counted.
+
+    A ``scheme://`` prefix (alone, or starting a longer string) always does; a bare scheme name (in
+    lower case, as code writes one) where it is used as one: compared (``==``, ``in``), listed (a
+    tuple, list or set literal), a key of a dict whose keys are all scheme names (a dispatch table),
+    a ``case`` pattern, or the argument of ``startswith`` and the like. A bare word elsewhere (a JSON
+    key ``"file"``, ``plural(n, "file")``) is not a scheme.
+    """
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in skip:
+            continue
+        text = node.value.lower()
+        head, sep, _ = text.partition("://")
+        if sep and head in schemes:
+            found.append((node.value, node.lineno))
+            continue
+        if node.value not in schemes:  # a bare name as code writes it ("Memory" is a word)
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, (ast.Tuple, ast.List, ast.Set)):
+            parent = parents.get(id(parent))  # ("http", "https") in a comparison or a call: listed
+            listed = True
+        else:
+            listed = False
+        used = (
+            listed
+            or isinstance(parent, (ast.Compare, ast.MatchValue))
+            or (
+                isinstance(parent, ast.Dict)
+                and any(k is node for k in parent.keys)
+                and all(isinstance(k, ast.Constant) and str(k.value).lower() in schemes for k in parent.keys)
+            )
+            or (
+                isinstance(parent, ast.Call)
+                and isinstance(parent.func, ast.Attribute)
+                and parent.func.attr in _PREFIX_METHODS
+            )
+        )
+        if used:
+            found.append((node.value, node.lineno))
+    return found
+
+
+def test_scheme_constants_finds_schemes_used_as_such():
+    schemes = frozenset({"s3", "http", "https", "file"})
+    code = """
+\"\"\"A docstring: s3 and http://host are not counted.\"\"\"
+if protocol == "s3":
+    pass
+if p in ("http", "https"):
+    pass
+ok = url.startswith("HTTP://")
+dispatch = {"s3": 1, "file": 2}
+where = f"s3://{bucket}"
+match p:
+    case "file":
+        pass
+record = {"total": 1, "file": "rejects.txt"}
+name = record["file"]
+again = record.get("file")
+shown = plural(n, "file")
+"""
+    found = scheme_constants(ast.parse(code), schemes)
+    assert sorted(found, key=lambda f: (f[1], f[0])) == [
+        ("s3", 3),
+        ("http", 5),
+        ("https", 5),
+        ("HTTP://", 7),
+        ("file", 8),
+        ("s3", 8),
+        ("s3://", 9),
+        ("file", 11),
+    ]
+
+
+def test_each_storage_protocol_is_named_in_one_place():
+    # A storage protocol's schemes, timeouts, version check and error hints are one entry of
+    # converter/protocols.py; the converter and the loader read that table, and no if-chain on a
+    # scheme name grows elsewhere. Allowed: the table, plus one module of loader/ (its reader).
+    from imgshards.converter.protocols import SCHEMES
+
+    where: dict[str, dict[str, list[str]]] = {}  # scheme -> module -> "path:line: 'constant'"
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for value, line in scheme_constants(ast.parse(path.read_text(), str(path)), SCHEMES):
+                name = value.lower().partition("://")[0]
+                module = str(path.relative_to(ROOT))
+                where.setdefault(name, {}).setdefault(module, []).append(f"{module}:{line}: {value!r}")
+    wrong = []
+    for name, modules in sorted(where.items()):
+        per_folder = {f: [m for m in modules if m.startswith(f"{f}/")] for f in FOLDERS}
+        if len(per_folder["converter"]) > 1 or len(per_folder["loader"]) > 1 or per_folder["cli"]:
+            wrong += [f"{name}:"] + [f"    {hit}" for m in sorted(modules) for hit in modules[m]]
+    assert not wrong, (
+        "a storage protocol named outside its table (converter/protocols.py) and one reader in "
+        "loader/; read the table instead:\n" + "\n".join(wrong)
+    )
 
 
 if __name__ == "__main__":

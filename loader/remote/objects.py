@@ -4,7 +4,8 @@ A shard replaced on the server while a pass reads it (re-packed or re-uploaded m
 the tar reader the bytes of two versions: samples lost, others read twice, nothing to say why. So the
 first answer for a shard pins its version, and every later answer must carry the same one, else the
 read raises :class:`~imgshards.loader.errors.ShardAccessError` ("changed on the server during the
-pass"), which ends the epoch: never a mix of two versions. Per file system::
+pass"), which ends the epoch: never a mix of two versions. Per file system (its entry's ``version``
+in the protocol table, :mod:`imgshards.converter.protocols`)::
 
     HTTP(S)  GET with Range; the version is the answer's ETag (else its Last-Modified) and the
              object's size (the total of Content-Range, or Content-Length for a whole answer)
@@ -30,6 +31,8 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from imgshards.converter import protocols
 
 from ..errors import ShardAccessError
 from .ranges import AnswerTooSlow, RangesIgnored, WholeStream
@@ -81,6 +84,11 @@ class RemoteObject:
         self.deadline = deadline
         self._version: Version | None = None
         self._lock = threading.Lock()
+
+    @staticmethod
+    def serves(fs: Any) -> bool:
+        """Whether this reader can read objects of ``fs``."""
+        return True
 
     def fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the object."""
@@ -187,6 +195,11 @@ def _http_version(headers: Any, ranged: bool) -> Version:
 class _S3Object(RemoteObject):
     """An object in S3 (s3fs), each GetObject conditional on the ETag its first answer gave."""
 
+    @staticmethod
+    def serves(fs: Any) -> bool:
+        """Whether ``fs`` is s3fs's, whose calls this reader makes itself."""
+        return hasattr(fs, "_call_s3")
+
     def fetch(self, start: int, end: int) -> bytes:
         from fsspec.asyn import sync
 
@@ -230,16 +243,25 @@ def _precondition_failed(error: BaseException) -> bool:
     return False
 
 
+# The reader of each way to pin a version (the protocol table's Version).
+_READERS: dict[protocols.Version, type[RemoteObject]] = {
+    protocols.Version.ANSWER_HEADERS: _HttpObject,
+    protocols.Version.IF_MATCH: _S3Object,
+}
+
+
 def _show(version: Version) -> str:
     tag, size = version
     return f"{tag or 'no ETag'}, {size if size is not None else '?'} bytes"
 
 
 def remote_object(fs: Any, path: str, name: str, size: int, deadline: Deadline | None = None) -> RemoteObject:
-    """The reader of one object for ``fs``: checked (and each request held to ``deadline``) on HTTP and S3."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "http" in protocols or "https" in protocols:
-        return _HttpObject(fs, path, name, size, deadline)
-    if "s3" in protocols and hasattr(fs, "_call_s3"):
-        return _S3Object(fs, path, name, size, deadline)
-    return RemoteObject(fs, path, name, size, deadline)
+    """The reader of one object for ``fs``: checked (and each request held to ``deadline``) on HTTP and S3.
+
+    Which reader is the :attr:`~imgshards.converter.protocols.Protocol.version` of ``fs``'s protocol.
+    """
+    protocol = protocols.for_fs(fs)
+    kind = _READERS.get(protocol.version, RemoteObject) if protocol is not None else RemoteObject
+    if not kind.serves(fs):
+        kind = RemoteObject
+    return kind(fs, path, name, size, deadline)

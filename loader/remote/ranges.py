@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from imgshards.converter.locate import redact_url, shown_cause
+from imgshards.converter.protocols import DENIED_HINT, NO_CREDENTIALS_ERRORS, for_url
 from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
 from ..errors import ShardAccessError, ShardReadError
@@ -101,16 +102,6 @@ class AnswerTooSlow(Exception):  # transient: retried as a stall is
 class RangesIgnored(Exception):  # a signal from a fetch to its reader, never raised to the user
     """A ranged request was answered with the whole object: the server does not honour ``Range``."""
 
-
-# Exception classes (by name: their packages are optional) that say the client has no credentials.
-_NO_CREDENTIALS = frozenset(
-    {
-        "NoCredentialsError",  # botocore
-        "PartialCredentialsError",
-        "CredentialRetrievalError",
-        "DefaultCredentialsError",  # google.auth
-    }
-)
 
 # Errors that retrying cannot fix. Everything else (OSError, timeouts, the HTTP client's payload and
 # connection errors, 5xx responses) counts as transient.
@@ -174,7 +165,7 @@ def access_error(error: BaseException, name: str) -> ShardAccessError | None:
     dataset) are wrong, and neither retrying nor skipping the shard mends that. None for the rest.
     """
     status = getattr(error, "status", None)  # aiohttp.ClientResponseError
-    if type(error).__name__ in _NO_CREDENTIALS:
+    if type(error).__name__ in NO_CREDENTIALS_ERRORS:
         cause = "no credentials for the object store"
         fix = (
             "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (or the key and secret "
@@ -182,13 +173,8 @@ def access_error(error: BaseException, name: str) -> ShardAccessError | None:
         )
     elif isinstance(error, PermissionError) or status in (401, 403):
         cause = "access denied"
-        fix = "check that the credentials given (storage_options, the environment) may read it"
-        if name.startswith(("http://", "https://")):
-            fix = (
-                "pass what the server asks for in storage_options (headers=, or client_kwargs={'auth': ...})"
-            )
-        elif name.startswith("s3://"):
-            fix = "check that the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID, storage_options) may read it"
+        protocol = for_url(name)  # each file system asks for its credentials its own way
+        fix = protocol.denied_hint if protocol is not None else DENIED_HINT
     elif isinstance(error, FileNotFoundError) or status in (404, 410):
         cause = "not found, though the index lists it"
         fix = "copy the shard back, or re-pack the dataset"
