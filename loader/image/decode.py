@@ -37,7 +37,16 @@ from imgshards.converter.headers import (
 
 from ..errors import CorruptImageError
 
-__all__ = ["JPEG_DECODER", "JpegHeader", "OpenJpeg", "Reduced", "decode", "jpeg_header", "open_jpeg"]
+__all__ = [
+    "JPEG_DECODER",
+    "JpegHeader",
+    "OpenJpeg",
+    "Reduced",
+    "decode",
+    "decode_pil",
+    "jpeg_header",
+    "open_jpeg",
+]
 
 # Exceptions Pillow and the JPEG decoders raise for bytes that are not a readable image.
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
@@ -123,6 +132,32 @@ def decode(
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def decode_pil(
+    data: bytes | bytearray | memoryview, ext: str, *, key: str = "?", shard: str = "?"
+) -> Image.Image:
+    """Decode one image to an RGB Pillow image: what ``torchvision.datasets.ImageFolder`` hands a transform.
+
+    :func:`decode`'s rules, in Pillow: the same refusal before any decode (too many pixels or
+    scans), RGB out of every mode (``convert("RGB")``, as torchvision's ``pil_loader``), and a
+    JPEG's EXIF orientation applied to its pixels, as :func:`decode`'s libjpeg-turbo decoders
+    apply it (``pack`` applied it to every image it re-encoded): images arrive upright.
+
+    Raises:
+        CorruptImageError: the bytes do not decode, declare too many pixels or hold too many scans;
+            ``key`` and ``shard`` name the sample in it.
+
+    """
+    if (too_costly := _too_costly(data)) is not None:
+        raise CorruptImageError.for_sample(key, shard, too_costly)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            turn = orientation(im) if ext == "jpg" else 1
+            rgb = im.convert("RGB")  # loads the pixels, a new image even from RGB (the file closes)
+            return upright(rgb, turn)
+    except _DECODE_ERRORS as e:
+        raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
 
 
 # EXIF orientation -> which of the upright image's axes (x, y) run backwards through the stored one:
