@@ -43,9 +43,9 @@ __all__ = [
     "OpenJpeg",
     "Reduced",
     "decode",
-    "decode_pil",
     "jpeg_header",
     "open_jpeg",
+    "pil_image",
 ]
 
 # Exceptions Pillow and the JPEG decoders raise for bytes that are not a readable image.
@@ -134,9 +134,7 @@ def decode(
     return torch.from_numpy(array).permute(2, 0, 1)
 
 
-def decode_pil(
-    data: bytes | bytearray | memoryview, ext: str, *, key: str = "?", shard: str = "?"
-) -> Image.Image:
+def pil_image(data: bytes | bytearray | memoryview, ext: str) -> Image.Image:
     """Decode one image to an RGB Pillow image: what ``torchvision.datasets.ImageFolder`` hands a transform.
 
     :func:`decode`'s rules, in Pillow: the same refusal before any decode (too many pixels or
@@ -145,19 +143,19 @@ def decode_pil(
     apply it (``pack`` applied it to every image it re-encoded): images arrive upright.
 
     Raises:
-        CorruptImageError: the bytes do not decode, declare too many pixels or hold too many scans;
-            ``key`` and ``shard`` name the sample in it.
+        ValueError: the bytes do not decode, declare too many pixels or hold too many scans; the
+            message says which (the caller names the sample).
 
     """
     if (too_costly := _too_costly(data)) is not None:
-        raise CorruptImageError.for_sample(key, shard, too_costly)
+        raise ValueError(too_costly)
     try:
         with Image.open(io.BytesIO(data)) as im:
             turn = orientation(im) if ext == "jpg" else 1
             rgb = im.convert("RGB")  # loads the pixels, a new image even from RGB (the file closes)
             return upright(rgb, turn)
     except _DECODE_ERRORS as e:
-        raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
+        raise ValueError(f"{type(e).__name__}: {e}") from None
 
 
 # EXIF orientation -> which of the upright image's axes (x, y) run backwards through the stored one:

@@ -15,7 +15,7 @@ shared copy-on-write by forked workers), so a million-sample split is ready in m
 (:class:`~imgshards.converter.tarstream.TarStream`, :class:`~imgshards.converter.tarsamples.SampleReader`,
 :func:`~imgshards.converter.tarsamples.sample_problem`): the same members accepted and refused as
 ``ShardDataset``, ``index`` and ``verify``. The image is decoded by
-:func:`~imgshards.loader.image.decode.decode_pil` (the same bounds, before any decode, as
+:func:`~imgshards.loader.image.decode.pil_image` (the same bounds, before any decode, as
 ``ShardDataset``'s decoder).
 
 Each process keeps at most ``max_open`` shards open (least recently used closed first), each opened
@@ -52,7 +52,7 @@ from imgshards.converter.tarsamples import SampleReader, checked_samples, sample
 from imgshards.converter.tarstream import TarStream
 
 from ..errors import ConfigError, CorruptImageError, ShardReadError
-from ..image.decode import decode_pil
+from ..image.decode import pil_image
 from ..remote import ShardSource
 
 __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder"]
@@ -152,8 +152,13 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
 
         """
         i = self._position(index)
-        key, ext, image, target = self._read(i)
-        img: Any = decode_pil(image, ext, key=key, shard=self._shard_of(i).name)
+        parts, ext, target = self._read(i)
+        try:
+            img: Any = pil_image(parts[ext], ext)
+        except ValueError as e:
+            raise self._damaged(
+                i, self._shard_of(i), parts, f"has an image that does not decode ({e})"
+            ) from None
         if self.transform is not None:
             img = self.transform(img)
         out: Any = target if self.target_transform is None else self.target_transform(target)
@@ -186,6 +191,15 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_files": OrderedDict(), "_pid": -1}
 
+    def close(self) -> None:
+        """Close the shards this process holds open (reading again opens them again)."""
+        files, self._files = getattr(self, "_files", {}), OrderedDict()
+        for f in files.values():
+            f.close()  # in a forked child, its own copy of the descriptor: the parent's stays open
+
+    def __del__(self) -> None:
+        self.close()
+
     # ---- reading one sample -----------------------------------------------------------------------
 
     def _position(self, index: SupportsIndex) -> int:
@@ -203,8 +217,8 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
     def _shard_of(self, i: int) -> ShardInfo:
         return self.split_info.shards[self._shard_number(i)]
 
-    def _read(self, i: int) -> tuple[str, str, bytes, int]:
-        """Sample ``i``'s key, image extension, image bytes and class id, read with one ``pread``."""
+    def _read(self, i: int) -> tuple[dict[str, bytes], str, int]:
+        """Sample ``i``'s members, its image's extension and its class id, read with one ``pread``."""
         s = self._shard_number(i)
         shard = self.split_info.shards[s]
         start = int(self._starts[i]) * BLOCK
@@ -218,25 +232,25 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             raise ShardReadError(f"cannot read shard {where}: {e}", shard=shard.name) from e
         tar = TarStream(io.BytesIO(data), end=len(data), offset=0)
         member = self._labels.member
+        sample, target = None, -1
         try:
             sample = next(iter(SampleReader(tar, stop=1)), None)
         except ShardFormatError as e:
-            raise self._damaged(i, shard, None, f"does not parse as a tar sample: {e}") from None
-        if sample is None or sample.cut:
-            got = "nothing" if not data else f"{len(data)} bytes that end inside it"
-            parts = None if sample is None else sample.parts
-            raise self._damaged(i, shard, parts, f"is cut short: {got} of its {stop - start} at byte {start}")
-        problem = sample_problem(sample.exts, member)
-        target = -1
-        if problem is None:
+            problem: str | None = f"does not parse as a tar sample: {e}"
+        else:
+            problem = "is not there" if sample is None or sample.cut else sample_problem(sample.exts, member)
+        if problem is None and sample is not None:
             try:
                 target = self._class_id(label_value(sample.parts[member], member, self._labels.key))
             except ValueError as e:
                 problem = f"has {e}"
         if problem is not None:
-            raise self._damaged(i, shard, sample.parts, problem)
+            if len(data) < stop - start:  # the file is shorter than the index says: what explains it
+                problem = f"is cut short: the shard ends {len(data)} of its {stop - start} bytes in"
+            raise self._damaged(i, shard, None if sample is None else sample.parts, problem)
+        assert sample is not None  # a sample without a problem
         ext = next(e for e in sample.parts if e in _IMAGE_EXTS)
-        return sample.key, ext, sample.parts[ext], target
+        return sample.parts, ext, target
 
     def _class_id(self, value: int | str) -> int:
         """The class id of a label value under the split's labels; ValueError naming what is wrong."""
@@ -248,7 +262,8 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
     def _file(self, s: int) -> BinaryIO:
         """Shard ``s`` open in this process (at most ``max_open`` of them, the least recently used closed)."""
         if self._pid != os.getpid():  # a forked child: its parent's files stay the parent's
-            self._files, self._pid = OrderedDict(), os.getpid()
+            self.close()
+            self._pid = os.getpid()
         files = self._files
         f = files.get(s)
         if f is not None:
