@@ -38,6 +38,7 @@ import operator
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, BinaryIO, SupportsIndex
 
 import numpy as np
@@ -46,7 +47,7 @@ from torch.utils.data import Dataset
 from imgshards.converter.errors import ShardFormatError
 from imgshards.converter.labels import MAX_LABEL_BYTES, label_value
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path
-from imgshards.converter.manifest import IMAGE_EXTENSIONS, Manifest, ShardInfo, SplitInfo, read_manifest
+from imgshards.converter.manifest import IMAGE_EXTENSIONS, ShardInfo, SplitInfo, read_manifest
 from imgshards.converter.offsets import BLOCK, decode_offsets
 from imgshards.converter.tarsamples import SampleReader, checked_samples, sample_problem, shown
 from imgshards.converter.tarstream import TarStream
@@ -111,14 +112,17 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         self.target_transform = target_transform
         self.split = split
         self.max_open = max_open
-        self.manifest: Manifest = read_manifest(path)  # untrusted: every name, count and table checked
-        self.split_info: SplitInfo = self.manifest.split(split)
+        manifest = read_manifest(path)  # untrusted: every name, count and table checked
+        split_info = manifest.split(split)
+        shards = split_info.shards
         self.source = ShardSource(path)  # opens a shard as ShardDataset does: regular, inside the root
-        self.source.check(self.split_info.shards, split)
-        self.classes: list[str] = list(self.manifest.classes)
-        self.class_to_idx: dict[str, int] = self.manifest.class_to_idx
-        self._labels = self.split_info.labels
-        shards = self.split_info.shards
+        self.source.check(shards, split)
+        self.classes: list[str] = list(manifest.classes)
+        self.class_to_idx: dict[str, int] = manifest.class_to_idx
+        # The split's index entry; its tables of sample starts (base64, 5.3 bytes a sample) are
+        # held once, in the array below, and every worker gets a copy of what is held here.
+        self.split_info: SplitInfo = replace(split_info, shards=tuple(replace(s, offsets="") for s in shards))
+        self._labels = split_info.labels
         # Sample i is in shard s where first[s] <= i < first[s + 1]; it starts at block starts[i].
         self._first = np.zeros(len(shards) + 1, dtype=np.int64)
         np.cumsum([s.samples for s in shards], out=self._first[1:])
@@ -193,9 +197,9 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
 
     def close(self) -> None:
         """Close the shards this process holds open (reading again opens them again)."""
-        files, self._files = getattr(self, "_files", {}), OrderedDict()
-        for f in files.values():
-            f.close()  # in a forked child, its own copy of the descriptor: the parent's stays open
+        files = getattr(self, "_files", None)  # None: __init__ failed before it
+        while files:
+            files.popitem()[1].close()  # in a forked child, its copy of the descriptor: the parent's stays
 
     def __del__(self) -> None:
         self.close()
