@@ -10,6 +10,7 @@ import base64
 import collections
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -31,6 +32,7 @@ from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import INDEX_NAME, read_manifest
 from imgshards.converter.offsets import BLOCK, decode_offsets, encode_offsets
 from imgshards.loader import ConfigError, CorruptImageError, ImageFolder
+from imgshards.loader.image.decode import decode, pil_image
 
 
 def image_hash(image: Image.Image | torch.Tensor) -> str:
@@ -308,3 +310,34 @@ def test_a_shard_replaced_by_a_link_out_of_the_dataset_is_refused(packed_copy, t
     (packed_copy / "train-000000.tar").symlink_to(outside)
     with pytest.raises(ManifestError, match="outside the dataset"):
         ImageFolder(packed_copy)
+
+
+# ---- the image: ShardDataset's decode rules, in Pillow ----------------------------------------------
+
+
+def _jpeg(size: tuple[int, int], orientation: int | None = None) -> bytes:
+    im = Image.new("RGB", size)
+    im.paste((200, 30, 30), (0, 0, size[0] // 2, size[1] // 3))  # a red block in one corner
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def test_a_jpegs_exif_orientation_is_applied_as_the_tensor_decoder_applies_it():
+    data = _jpeg((64, 48), orientation=6)  # stored landscape, shown turned a quarter: portrait
+    image = pil_image(data, "jpg")
+    tensor = decode(data, "jpg")
+    assert image.size == (48, 64) and tuple(tensor.shape) == (3, 64, 48)
+    diff = np.abs(np.asarray(image).astype(int) - tensor.permute(1, 2, 0).numpy().astype(int))
+    assert diff.mean() < 3  # the same upright pixels (two libjpeg builds may round apart)
+
+
+def test_an_image_declaring_too_many_pixels_is_refused_before_any_decode():
+    data = bytearray(_jpeg((64, 48)))
+    sof = data.index(b"\xff\xc0")  # the frame header: height and width at +5 and +7
+    data[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") + (60000).to_bytes(2, "big")
+    with pytest.raises(ValueError, match="pixels"):
+        pil_image(bytes(data), "jpg")
