@@ -9,7 +9,8 @@ transform (v1 or v2), collate and worker start method keeps working. ``ds[i]`` i
 
 Building it reads only ``index.json`` (no listing): the table of sample starts that ``pack`` writes
 beside each shard (``converter/offsets.py``) is held as one ``uint32`` array (4 bytes a sample,
-shared copy-on-write by forked workers), so a million-sample split is ready in milliseconds.
+shared copy-on-write by forked workers): a million-sample split is ready in about a tenth of a
+second (the index's own check of its tables), without a listing.
 ``ds[i]`` reads sample ``i``'s bytes, from its first tar header to the next sample's, with one
 ``os.pread`` and parses them with the converter's one tar parser and sample grouper
 (:class:`~imgshards.converter.tarstream.TarStream`, :class:`~imgshards.converter.tarsamples.SampleReader`,
@@ -138,6 +139,7 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             self._starts[self._first[s] : self._first[s + 1]] = np.frombuffer(table, dtype=np.uint32)
         self._targets: np.ndarray | None = None
         self._files: OrderedDict[int, BinaryIO] = OrderedDict()
+        self._sizes: dict[int, int] = {}  # of the shards opened in this process, as fstat says
         self._pid = os.getpid()
 
     # ---- what torchvision's ImageFolder has -----------------------------------------------------
@@ -193,7 +195,7 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
     # ---- pickling into spawn workers: no open file crosses ---------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": OrderedDict(), "_pid": -1}
+        return {**self.__dict__, "_files": OrderedDict(), "_sizes": {}, "_pid": -1}
 
     def close(self) -> None:
         """Close the shards this process holds open (reading again opens them again)."""
@@ -228,9 +230,9 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         start = int(self._starts[i]) * BLOCK
         # To the next sample's first header, or the shard's end (its end-of-archive blocks too).
         stop = int(self._starts[i + 1]) * BLOCK if i + 1 < self._first[s + 1] else shard.bytes
-        f = self._file(s)
-        try:
-            data = os.pread(f.fileno(), stop - start, start)
+        fd, size = self._file(s)
+        try:  # no more than the file holds: the index's sizes are untrusted (pread allocates them first)
+            data = os.pread(fd, max(0, min(stop, size) - start), start)
         except OSError as e:
             where = self.source.url(shard.name)
             raise ShardReadError(f"cannot read shard {where}: {e}", shard=shard.name) from e
@@ -263,23 +265,24 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             raise ValueError(f"label {target}, outside the index's classes 0..{len(self.classes) - 1}")
         return target
 
-    def _file(self, s: int) -> BinaryIO:
-        """Shard ``s`` open in this process (at most ``max_open`` of them, the least recently used closed)."""
+    def _file(self, s: int) -> tuple[int, int]:
+        """Shard ``s``'s descriptor in this process and its size (at most ``max_open`` open, LRU)."""
         if self._pid != os.getpid():  # a forked child: its parent's files stay the parent's
             self.close()
             self._pid = os.getpid()
         files = self._files
-        f = files.get(s)
-        if f is not None:
+        open_file = files.get(s)
+        if open_file is not None:
             files.move_to_end(s)
-            return f
+            return open_file.fileno(), self._sizes[s]
         f = self.source.open(self.split_info.shards[s])  # ShardAccessError / ShardReadError name it
+        fd = f.fileno()
         if _FADVISE:  # random reads: read-ahead would fetch the next samples' bytes for nothing
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-        files[s] = f
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        files[s], self._sizes[s] = f, os.fstat(fd).st_size
         while len(files) > self.max_open:
             files.popitem(last=False)[1].close()
-        return f
+        return fd, self._sizes[s]
 
     def _damaged(
         self, i: int, shard: ShardInfo, parts: dict[str, bytes] | None, reason: str

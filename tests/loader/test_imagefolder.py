@@ -254,6 +254,28 @@ def test_an_offset_past_the_shards_end_fails_cleanly(packed_copy):
     dataset[0]  # the other samples still read
 
 
+def test_a_shard_the_index_says_holds_half_a_terabyte_is_read_no_further_than_its_end(packed_copy):
+    def huge(split):  # a hostile index: pread would allocate the declared span before reading
+        shard = split["shards"][0]
+        table = list(decode_offsets(shard["offsets"]))
+        table.append(2**29)  # one more sample, 256 GiB in
+        shard["samples"] += 1
+        split["samples"] += 1
+        split["class_counts"][0] += 1
+        shard["bytes"] += 2**39
+        split["bytes"] += 2**39
+        shard["offsets"] = encode_offsets(table)
+
+    _edit_index(packed_copy, huge)
+    with pytest.warns(RuntimeWarning, match="the index says"):
+        dataset = ImageFolder(packed_copy)
+    last = read_manifest(packed_copy).split("train").shards[0].samples - 1
+    with pytest.raises(CorruptImageError, match="cut short"):
+        dataset[last]
+    image, _ = dataset[last - 1]  # its span, to the next start, is read to the file's end: whole
+    assert image.size == (64, 48)
+
+
 def test_an_offset_inside_a_member_fails_cleanly(packed_copy):
     def shift(split):  # sample 1 said to start one block after its header: inside its image
         shard = split["shards"][0]
