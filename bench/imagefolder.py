@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,8 +55,16 @@ def warm(tree: Path, shards: Path) -> None:
             path.read_bytes()
 
 
-def throughput_run(side: str, tree: Path, shards: Path, images: int, workers: int, seed: int) -> float:
-    """Images per second of one run of ``side``."""
+def cpu_seconds() -> float:
+    """CPU time of this process and of its waited-for children (the DataLoader workers, once joined)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def throughput_run(
+    side: str, tree: Path, shards: Path, images: int, workers: int, seed: int
+) -> tuple[float, float]:
+    """Images per second of one run of ``side``, and the CPU milliseconds an image (workers included)."""
     import torch
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms
@@ -70,14 +79,15 @@ def throughput_run(side: str, tree: Path, shards: Path, images: int, workers: in
     ds = datasets.ImageFolder(str(tree), trans) if side == "torchvision" else ImageFolder(shards, trans)
     torch.manual_seed(seed)
     loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=workers)
-    start, seen = time.perf_counter(), 0
-    for batch, _ in loader:
+    cpu, start, seen = cpu_seconds(), time.perf_counter(), 0
+    batches = iter(loader)
+    for batch, _ in batches:
         seen += len(batch)
         if seen >= images:
             break
     elapsed = time.perf_counter() - start
-    del loader
-    return seen / elapsed
+    batches._shutdown_workers()  # type: ignore[attr-defined]  # joined: their CPU time is counted
+    return seen / elapsed, (cpu_seconds() - cpu) * 1e3 / seen
 
 
 def throughput(a: argparse.Namespace) -> None:
@@ -87,6 +97,7 @@ def throughput(a: argparse.Namespace) -> None:
         f"throughput: {images} images a run, {a.workers} workers, page cache {'cold' if a.cold else 'warm'}"
     )
     rates: dict[str, list[float]] = {s: [] for s in sides}
+    cpu: dict[str, list[float]] = {s: [] for s in sides}
     if not a.cold:
         warm(a.tree, a.shards)
     for r in range(a.rounds):
@@ -94,14 +105,17 @@ def throughput(a: argparse.Namespace) -> None:
         for side in order:
             if a.cold:
                 drop_caches()
-            rates[side].append(throughput_run(side, a.tree, a.shards, images, a.workers, seed=r))
-        line = "  ".join(f"{s} {rates[s][-1]:7.1f}/s" for s in sides)
+            rate, ms = throughput_run(side, a.tree, a.shards, images, a.workers, seed=r)
+            rates[side].append(rate)
+            cpu[side].append(ms)
+        line = "  ".join(f"{s} {rates[s][-1]:7.1f}/s {cpu[s][-1]:5.2f} CPU ms" for s in sides)
         print(f"round {r + 1}: {line}  ratio {rates['imgshards'][-1] / rates['torchvision'][-1]:.2f}x")
     print()
-    print("| side | images/s (median) | rounds |")
-    print("|---|---:|---|")
+    print("| side | images/s (median) | rounds | CPU ms an image (median) |")
+    print("|---|---:|---|---:|")
     for s in sides:
-        print(f"| {s} | {statistics.median(rates[s]):.1f} | {' '.join(f'{x:.1f}' for x in rates[s])} |")
+        rounds = " ".join(f"{x:.1f}" for x in rates[s])
+        print(f"| {s} | {statistics.median(rates[s]):.1f} | {rounds} | {statistics.median(cpu[s]):.2f} |")
     ratios = [i / t for i, t in zip(rates["imgshards"], rates["torchvision"], strict=True)]
     print(f"\nimgshards / torchvision: median {statistics.median(ratios):.2f}x (rounds: "
           f"{' '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
