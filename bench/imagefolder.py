@@ -7,7 +7,7 @@ printed, and the median of each side):
   ``RandomHorizontalFlip()``, ``PILToTensor()``), ``DataLoader(batch_size=32, shuffle=True,
   num_workers=2)``, ``--images`` images a run (default: an epoch). ``--cold`` drops the page cache
   before every run (``echo 3 > /proc/sys/vm/drop_caches``: root only); ``--fadvise`` adds a third
-  side, imgshards without ``POSIX_FADV_RANDOM`` on its shards (read-ahead left on).
+  side, imgshards with ``POSIX_FADV_RANDOM`` on its shards (no read-ahead).
 - ``reads``: the reads alone (no decode), in one process, in a shuffled order: torchvision's side
   opens and reads each file, imgshards' does all of ``ds[i]`` but the decode (``pread``, tar
   parse, label). With ``--cold`` and ``--fadvise``: what read-ahead costs a random read.
@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 SIDES = ("torchvision", "imgshards")
+FADV_SIDE = "imgshards-fadv-random"  # imgshards with POSIX_FADV_RANDOM on its shards
 
 
 def drop_caches() -> None:
@@ -75,7 +76,7 @@ def throughput_run(
     trans = transforms.Compose(
         [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
     )
-    imagefolder._FADVISE = side != "imgshards-readahead"  # the module's switch, read as a shard opens
+    imagefolder.FADVISE_RANDOM = side == FADV_SIDE  # the module's switch, read as a shard opens
     ds = datasets.ImageFolder(str(tree), trans) if side == "torchvision" else ImageFolder(shards, trans)
     torch.manual_seed(seed)
     loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=workers)
@@ -91,7 +92,7 @@ def throughput_run(
 
 
 def throughput(a: argparse.Namespace) -> None:
-    sides = [*SIDES, "imgshards-readahead"] if a.fadvise else list(SIDES)
+    sides = [*SIDES, FADV_SIDE] if a.fadvise else list(SIDES)
     images = a.images or sum(1 for p in a.tree.rglob("*") if p.is_file())
     print(
         f"throughput: {images} images a run, {a.workers} workers, page cache {'cold' if a.cold else 'warm'}"
@@ -130,7 +131,7 @@ def reads_run(side: str, tree: Path, shards: Path, images: int, seed: int) -> fl
     from imgshards.loader import ImageFolder
     from imgshards.loader.pipeline import imagefolder
 
-    imagefolder._FADVISE = side != "imgshards-readahead"
+    imagefolder.FADVISE_RANDOM = side == FADV_SIDE
     if side == "torchvision":
         paths = [p for p, _ in datasets.ImageFolder(str(tree)).samples]
         order = random.Random(seed).sample(range(len(paths)), min(images, len(paths)))
@@ -148,7 +149,7 @@ def reads_run(side: str, tree: Path, shards: Path, images: int, seed: int) -> fl
 
 
 def reads(a: argparse.Namespace) -> None:
-    sides = [*SIDES, "imgshards-readahead"] if a.fadvise else list(SIDES)
+    sides = [*SIDES, FADV_SIDE] if a.fadvise else list(SIDES)
     images = a.images or sum(1 for p in a.tree.rglob("*") if p.is_file())
     print(f"reads (no decode, 1 process): {images} samples a run, page cache {'cold' if a.cold else 'warm'}")
     rates: dict[str, list[float]] = {s: [] for s in sides}
@@ -231,7 +232,7 @@ def main() -> None:
     p.add_argument("--images", type=int, default=0, help="images a throughput run (default: an epoch)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
-    p.add_argument("--fadvise", action="store_true", help="also imgshards with read-ahead left on")
+    p.add_argument("--fadvise", action="store_true", help="also imgshards with POSIX_FADV_RANDOM")
     a = p.parse_args()
     {"throughput": throughput, "reads": reads, "build": build}[a.what](a)
 

@@ -21,7 +21,7 @@ second (the index's own check of its tables), without a listing.
 
 Each process keeps at most ``max_open`` shards open (least recently used closed first), each opened
 the way ``ShardDataset`` opens one (a regular file inside the dataset, never a FIFO or a link out),
-with ``POSIX_FADV_RANDOM`` (no read-ahead wasted on a random read). Files opened before a fork
+with the kernel's read-ahead as it is (:data:`FADVISE_RANDOM`). Files opened before a fork
 are never used by the child (each process opens its own: a ``pread`` does not share a seek
 position, but a pid check keeps it simple), and none crosses a pickle (``spawn`` workers).
 
@@ -61,7 +61,11 @@ __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder"]
 
 DEFAULT_MAX_OPEN = 8  # open shards per process: a random sample is in any shard, a file costs ~1 MB of buffer
 _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
-_FADVISE = hasattr(os, "posix_fadvise")
+# POSIX_FADV_RANDOM on every shard opened: off. Measured with bench/imagefolder.py --fadvise (docs/
+# imagefolder.md): no gain, cold or warm; Linux already reads an isolated random read of under
+# 128 KB as just its pages, and read-ahead past a larger one is read by a later sample. A switch for
+# that bench, not an option.
+FADVISE_RANDOM = False
 
 
 class ImageFolder(Dataset[tuple[Any, Any]]):
@@ -277,7 +281,7 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             return open_file.fileno(), self._sizes[s]
         f = self.source.open(self.split_info.shards[s])  # ShardAccessError / ShardReadError name it
         fd = f.fileno()
-        if _FADVISE:  # random reads: read-ahead would fetch the next samples' bytes for nothing
+        if FADVISE_RANDOM:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         files[s], self._sizes[s] = f, os.fstat(fd).st_size
         while len(files) > self.max_open:
