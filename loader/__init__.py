@@ -7,6 +7,9 @@ loader = make_loader(dataset, num_workers=8)
 for images, labels in loader:
     images, labels = to_device((images, labels), "cuda")
 
+# Coming from torchvision: the same map-style dataset, over the packed split (any sampler, transform):
+dataset = ImageFolder("/data/imagenet-shards", transform)  # datasets.ImageFolder("/data/imagenet/train", ...)
+
 # Or decode and augment on the GPU (nvjpeg); the workers only read and shuffle:
 dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, decode_on="cuda")
 """
@@ -37,6 +40,7 @@ from .image.presets import (
 from .mix import MixedDataset
 from .pipeline import passes
 from .pipeline.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
+from .pipeline.imagefolder import ImageFolder
 from .pipeline.offload import DecodeOn
 from .remote import RetryPolicy, ShardSource
 
@@ -48,6 +52,7 @@ __all__ = [
     "ConfigError",
     "CorruptImageError",
     "DecodeOn",
+    "ImageFolder",
     "ImageShapeError",
     "LoaderTimeoutError",
     "MixedDataset",

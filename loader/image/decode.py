@@ -45,7 +45,16 @@ from imgshards.converter.imageformats import FORMATS, JPEG
 
 from ..errors import CorruptImageError
 
-__all__ = ["JPEG_DECODER", "JpegHeader", "OpenJpeg", "Reduced", "decode", "jpeg_header", "open_jpeg"]
+__all__ = [
+    "JPEG_DECODER",
+    "JpegHeader",
+    "OpenJpeg",
+    "Reduced",
+    "decode",
+    "jpeg_header",
+    "open_jpeg",
+    "pil_image",
+]
 
 # The formats (shard member names) that take libjpeg-turbo's path when this install has it; the rest
 # go through Pillow. Read from the format table, as the device decoder's are (device/backends.py).
@@ -196,15 +205,20 @@ def decode(
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            # What pack's conversion would have stored: upright, transparency on white (in pack's
-            # order: before deep gray is scaled), deep gray scaled (not clipped). An opaque image
-            # passes on_white and eight_bit as it is: a mode test each, no copy.
-            image = upright(eight_bit(on_white(im)), orientation(im))
-            rgb = image.convert("RGB") if image.mode != "RGB" else image
-            array = np.array(rgb)
+            array = np.array(_as_packed(im, orientation(im)))
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def _as_packed(im: Image.Image, turn: int) -> Image.Image:
+    """``im`` (loaded) as RGB the way pack's conversion would have stored it, turned upright by ``turn``.
+
+    Transparency on white (in pack's order: before deep gray is scaled), deep gray scaled (not
+    clipped). An opaque 8-bit image passes on_white and eight_bit as it is: a mode test each, no copy.
+    """
+    image = upright(eight_bit(on_white(im)), turn)
+    return image.convert("RGB") if image.mode != "RGB" else image
 
 
 def _damaged(key: str, shard: str, said: str, on_damage: Callable[[str], None] | None) -> None:
@@ -216,6 +230,31 @@ def _damaged(key: str, shard: str, said: str, on_damage: Callable[[str], None] |
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+def pil_image(data: bytes | bytearray | memoryview, ext: str) -> Image.Image:
+    """Decode one image to an RGB Pillow image: what ``torchvision.datasets.ImageFolder`` hands a transform.
+
+    :func:`decode`'s rules, in Pillow: the same refusal before any decode (too many pixels or
+    scans), RGB out of every mode (as torchvision's ``pil_loader``, but as pack converts: transparency
+    on white, deep gray scaled to 8 bits), and the EXIF orientation applied to its pixels, as
+    :func:`decode` applies it (``pack`` applied it to every image it re-encoded): images arrive upright.
+
+    Raises:
+        ValueError: the bytes do not decode, declare too many pixels or hold too many scans; the
+            message says which (the caller names the sample).
+
+    """
+    if (too_costly := _too_costly(data)) is not None:
+        raise ValueError(too_costly)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()  # the pixels, read before the file closes
+            # A JPEG without an Exif segment has no orientation: getexif() would cost 0.2 ms to say so.
+            turn = 1 if ext in _LIBJPEG_FORMATS and "exif" not in im.info else orientation(im)
+            return _as_packed(im, turn)
+    except _DECODE_ERRORS as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
 
 
 # EXIF orientation -> which of the upright image's axes (x, y) run backwards through the stored one:

@@ -8,6 +8,8 @@
 - :mod:`.batches`: the batch steps, plain generators over ``(k, [samples])``.
 - :mod:`.batch`: :class:`~.batch.Batch`, the collate into reused shared-memory buffers, ``to_device``.
 - :mod:`.offload`: ``decode_on``'s :class:`~.offload.RawBatch`, a batch's bytes for the training process.
+- :mod:`.imagefolder`: :class:`~.imagefolder.ImageFolder`, a packed split as a map-style dataset
+  (torchvision's ``ImageFolder``): one sample read at its offset, through the same tar parser.
 - :mod:`.steps`: the profiling steps (read, decode, augment, collate) and the clock each worker
   times them with (read by ``imgshards bench``).
 

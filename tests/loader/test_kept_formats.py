@@ -25,7 +25,7 @@ from PIL import Image, ImageOps
 
 from imgshards.converter.formats import convert_image
 from imgshards.converter.manifest import read_manifest
-from imgshards.loader import ShardDataset, make_loader
+from imgshards.loader import ImageFolder, ShardDataset, make_loader
 from imgshards.loader.image.decode import decode
 
 IDENTITY = torch.nn.Identity()
@@ -317,3 +317,20 @@ def test_every_tiff_mode_decodes_kept_as_pack_converts_it(mode):
     converted = decode(convert_image(buf.getvalue(), "tiff", "jpg").data, "jpg").float()
     assert kept.shape == converted.shape == (3, 16, 24)
     assert (kept - converted).abs().mean() < 4, mode
+
+
+@pytest.mark.parametrize("way", ["kept", "png", "jpeg"])
+def test_the_map_style_image_folder_gives_the_pixels_a_pass_gives(three_ways, way):
+    """ImageFolder's PIL images follow decode's rules: 16-bit scaled, upright, transparency on white."""
+    _, roots = three_ways
+    streamed = images(roots[way], transform=IDENTITY)
+    folder = ImageFolder(roots[way])
+    seen = set()
+    for i in range(len(folder)):
+        image, label = folder[i]
+        name = folder.classes[label]
+        if name in streamed:
+            got = torch.from_numpy(np.asarray(image)).permute(2, 0, 1).float()
+            assert torch.equal(got, streamed[name]), name
+            seen.add(name)
+    assert seen == set(streamed)
