@@ -8,7 +8,7 @@ inputs and RNG state give the same output order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -63,34 +63,69 @@ def interleave(
     from several shards mixes them from its first batch even when each shard holds one class. At
     most ``max_open`` streams are open at a time; the next opens when one ends. ``sizes`` are the
     planned lengths; a stream that ends early (a truncated shard) just drops out.
+
+    A stream is held only while it is read: once it has given its ``size`` items it is closed (a
+    generator's ``close()``), so a run of a shard lets go of its file at once, and no list of every
+    stream of the pass stays alive (that kept every finished shard of a pass open: issue 37).
     """
     pending = list(zip(streams, sizes, strict=True))
     pending.reverse()  # pop() takes them in the given order
-    open_iters: list[Iterator[T]] = []
-    left: list[int] = []
-    while pending or open_iters:
-        while pending and len(open_iters) < max_open:
+    del streams  # the caller's list: each stream lives in `pending`, then in `reading`, then nowhere
+    draws = _below(rng)
+    next(draws)
+    reading: dict[int, Iterator[T]] = {}  # the open streams, by number
+    left: dict[int, int] = {}
+    # One slot per item the open streams have left, holding its stream's number: a uniform pick of
+    # a slot picks a stream with odds by what it has left, in O(1) (a stream that ended early
+    # leaves void slots, passed over when picked).
+    slots: list[int] = []
+    opened = 0
+    while True:
+        while pending and len(reading) < max_open:
             stream, size = pending.pop()
             if size > 0:
-                open_iters.append(iter(stream))
-                left.append(size)
-        if not open_iters:
+                reading[opened], left[opened] = iter(stream), size
+                slots += [opened] * size
+                opened += 1
+        if not slots:
             return
-        # Pick a stream with probability proportional to the items it has left.
-        draw = int(rng.integers(sum(left)))
-        i = 0
-        while draw >= left[i]:
-            draw -= left[i]
-            i += 1
-        item = next(open_iters[i], _END)
-        left[i] -= 1
-        if item is _END or left[i] == 0:
-            del open_iters[i], left[i]
+        j = draws.send(len(slots))
+        n = slots[j]
+        slots[j] = slots[-1]
+        slots.pop()
+        it = reading.get(n)
+        if it is None:
+            continue
+        item = next(it, _END)
+        left[n] -= 1
+        if item is _END or left[n] == 0:
+            del reading[n], left[n]
+            _close(it)
         if item is not _END:
             yield item  # type: ignore[misc]
 
 
 _END = object()
+_DRAWS = 4096  # random numbers drawn at once: one numpy call per 4,096 picks, not one a pick
+
+
+def _below(rng: np.random.Generator) -> Generator[int, int, None]:
+    """Uniform ints: ``send(n)`` gives one in ``0..n-1``, from 32-bit draws made in blocks.
+
+    ``(r * n) >> 32`` maps a 32-bit ``r`` onto ``0..n-1`` (Lemire): exact integer arithmetic, always
+    below ``n``, off uniform by at most ``n / 2**32``. A numpy call per pick cost 2 us of the 6 us
+    an item took to order (and a resume replays millions of them: issue 37).
+    """
+    n = yield 0
+    while True:
+        for r in rng.integers(0, 1 << 32, _DRAWS, dtype=np.uint64).tolist():
+            n = yield (r * n) >> 32
+
+
+def _close(it: Iterator[object]) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
 
 
 def buffer_shuffle(items: Iterable[T], rng: np.random.Generator, *, size: int, initial: int) -> Iterator[T]:
@@ -105,6 +140,8 @@ def buffer_shuffle(items: Iterable[T], rng: np.random.Generator, *, size: int, i
         return
     it = iter(items)
     buf: list[T] = []
+    draws = _below(rng)
+    next(draws)
     initial = min(max(initial, 1), size)
     for item in it:
         buf.append(item)
@@ -113,12 +150,11 @@ def buffer_shuffle(items: Iterable[T], rng: np.random.Generator, *, size: int, i
             if nxt is not _END:
                 buf.append(nxt)  # type: ignore[arg-type]
         if len(buf) >= initial:
-            yield _pop_random(buf, rng)
+            yield _pop(buf, draws.send(len(buf)))
     while buf:
-        yield _pop_random(buf, rng)
+        yield _pop(buf, draws.send(len(buf)))
 
 
-def _pop_random(buf: list[T], rng: np.random.Generator) -> T:
-    i = int(rng.integers(len(buf)))
+def _pop(buf: list[T], i: int) -> T:
     buf[i], buf[-1] = buf[-1], buf[i]
     return buf.pop()
