@@ -8,8 +8,9 @@ inputs and RNG state give the same output order.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TypeVar
 
 import numpy as np
@@ -71,35 +72,36 @@ def interleave(
     pending = list(zip(streams, sizes, strict=True))
     pending.reverse()  # pop() takes them in the given order
     del streams  # the caller's list: each stream lives in `pending`, then in `reading`, then nowhere
-    draws = _below(rng)
-    next(draws)
-    reading: dict[int, Iterator[T]] = {}  # the open streams, by number
-    left: dict[int, int] = {}
+    bits = _bits(rng)
+    reading: list[Iterator[T] | None] = []  # by stream number: None once it ended
+    left: list[int] = []
+    now = 0  # streams open
     # One slot per item the open streams have left, holding its stream's number: a uniform pick of
     # a slot picks a stream with odds by what it has left, in O(1) (a stream that ended early
     # leaves void slots, passed over when picked).
     slots: list[int] = []
-    opened = 0
     while True:
-        while pending and len(reading) < max_open:
+        while pending and now < max_open:
             stream, size = pending.pop()
             if size > 0:
-                reading[opened], left[opened] = iter(stream), size
-                slots += [opened] * size
-                opened += 1
+                slots += [len(reading)] * size
+                reading.append(iter(stream))
+                left.append(size)
+                now += 1
         if not slots:
             return
-        j = draws.send(len(slots))
+        j = (next(bits) * len(slots)) >> 32
         n = slots[j]
         slots[j] = slots[-1]
         slots.pop()
-        it = reading.get(n)
+        it = reading[n]
         if it is None:
             continue
         item = next(it, _END)
         left[n] -= 1
-        if item is _END or left[n] == 0:
-            del reading[n], left[n]
+        if item is _END or not left[n]:
+            reading[n] = None
+            now -= 1
             _close(it)
         if item is not _END:
             yield item  # type: ignore[misc]
@@ -109,17 +111,14 @@ _END = object()
 _DRAWS = 4096  # random numbers drawn at once: one numpy call per 4,096 picks, not one a pick
 
 
-def _below(rng: np.random.Generator) -> Generator[int, int, None]:
-    """Uniform ints: ``send(n)`` gives one in ``0..n-1``, from 32-bit draws made in blocks.
+def _bits(rng: np.random.Generator) -> Iterator[int]:
+    """Uniform 32-bit ints drawn in blocks; ``(next(bits) * n) >> 32`` is a uniform int in ``0..n-1``.
 
-    ``(r * n) >> 32`` maps a 32-bit ``r`` onto ``0..n-1`` (Lemire): exact integer arithmetic, always
-    below ``n``, off uniform by at most ``n / 2**32``. A numpy call per pick cost 2 us of the 6 us
-    an item took to order (and a resume replays millions of them: issue 37).
+    That is Lemire's mapping: exact integer arithmetic, always below ``n``, off uniform by at most
+    ``n / 2**32``. A numpy call per pick cost 2 us of the 6 us an item took to order, and a resume
+    replays the order of millions of samples (issue 37).
     """
-    n = yield 0
-    while True:
-        for r in rng.integers(0, 1 << 32, _DRAWS, dtype=np.uint64).tolist():
-            n = yield (r * n) >> 32
+    return chain.from_iterable(iter(lambda: rng.integers(0, 1 << 32, _DRAWS, dtype=np.uint64).tolist(), None))
 
 
 def _close(it: Iterator[object]) -> None:
@@ -140,8 +139,7 @@ def buffer_shuffle(items: Iterable[T], rng: np.random.Generator, *, size: int, i
         return
     it = iter(items)
     buf: list[T] = []
-    draws = _below(rng)
-    next(draws)
+    bits = _bits(rng)
     initial = min(max(initial, 1), size)
     for item in it:
         buf.append(item)
@@ -150,11 +148,10 @@ def buffer_shuffle(items: Iterable[T], rng: np.random.Generator, *, size: int, i
             if nxt is not _END:
                 buf.append(nxt)  # type: ignore[arg-type]
         if len(buf) >= initial:
-            yield _pop(buf, draws.send(len(buf)))
+            i = (next(bits) * len(buf)) >> 32
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
     while buf:
-        yield _pop(buf, draws.send(len(buf)))
-
-
-def _pop(buf: list[T], i: int) -> T:
-    buf[i], buf[-1] = buf[-1], buf[i]
-    return buf.pop()
+        i = (next(bits) * len(buf)) >> 32
+        buf[i], buf[-1] = buf[-1], buf[i]
+        yield buf.pop()
