@@ -11,6 +11,7 @@ is now one :class:`ResourceLimitError` line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -45,10 +46,8 @@ def shard_files(root: Path) -> tuple[int, int]:
     """This process's open descriptors and mapped regions of files under ``root``."""
     fds = 0
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed since listed
             fds += os.readlink(f"/proc/self/fd/{fd}").startswith(str(root))
-        except OSError:
-            pass
     with open("/proc/self/maps") as f:
         maps = sum(1 for line in f if str(root) in line)
     return fds, maps
