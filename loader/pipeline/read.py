@@ -142,10 +142,11 @@ class RunReader:
         """One lazy run a segment, in the given order."""
         return [self.run(seg) for seg in self.segments]
 
-    def run(
-        self, seg: Segment, start: int | None = None, *, views: bool | None = None
-    ) -> Iterator[RawSample]:
-        """Samples ``[start, seg.stop)`` of ``seg`` (from ``seg.start``), less its ``skip``."""
+    def run(self, seg: Segment, start: int | None = None, *, one: bool = False) -> Iterator[RawSample]:
+        """Samples ``[start, seg.stop)`` of ``seg`` (from ``seg.start``), less its ``skip``.
+
+        ``one``: ``seg`` is one sample, read alone (copied, not mapped: the shard is not read on).
+        """
         start = seg.start if start is None else start
         shard = self.split.shards[seg.shard]
         run = read_run(
@@ -153,7 +154,7 @@ class RunReader:
             start,
             seg.stop,
             on_truncated=self.on_truncated,
-            opener=_opener(self.source, shard, views=self.views if views is None else views),
+            opener=_opener(self.source, shard, views=self.views and not one, one=one),
             num_classes=len(self.classes) if self.classes is not None else None,
             on_corrupt=self.on_corrupt,
             labels=self.split.labels,
@@ -218,12 +219,16 @@ class Resumed:
             if type(item) is tuple:  # in the shuffle buffer at the resume point: read it alone
                 k, i = item
                 one = Segment(segments[k].shard, i, i + 1)
-                yield from self._runs.run(one, views=False)  # nothing (a lost sample, counted) if damaged
+                yield from self._runs.run(one, one=True)  # nothing (a lost sample, counted) if damaged
             else:
                 yield item  # type: ignore[misc]
 
 
-def _opener(source: ShardSource, shard: ShardInfo, *, views: bool) -> Callable[[], BinaryIO]:
+def _opener(
+    source: ShardSource, shard: ShardInfo, *, views: bool, one: bool = False
+) -> Callable[[], BinaryIO]:
+    """Opens ``shard`` for a run; ``one``: for one sample (a resume's), read in small pieces."""
+
     def open_shard() -> BinaryIO:
         f = source.open(shard)
         if isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO):  # a local regular file
@@ -231,6 +236,10 @@ def _opener(source: ShardSource, shard: ShardInfo, *, views: bool) -> Callable[[
                 mapped = MappedShard.of(f)
                 if mapped is not None:
                     return cast(BinaryIO, mapped)
+            return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
+        if one and isinstance(f, io.BufferedReader):
+            # A remote shard's reader refills its 1 MiB buffer to the full: to the shard's end,
+            # for the one sample a resume reads here (its ranged reader still reads whole chunks).
             return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
         return f
 
