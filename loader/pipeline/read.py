@@ -203,12 +203,11 @@ class Resumed:
     def _run(self, k: int, seg: Segment) -> Iterator[RawSample | Pending]:
         skip = seg.skip
         for i in range(seg.start, seg.stop):
-            if i in skip:
-                continue
             if self._reading:
-                yield from self._runs.run(seg, i)
+                yield from self._runs.run(seg, i)  # from sample i on, less the segment's skip
                 return
-            yield k, i
+            if not skip or i not in skip:
+                yield k, i
 
     def samples(self, ordered: Iterator[RawSample | Pending], skip: int) -> Iterator[RawSample]:
         """``ordered`` (the runs in the worker's order) from its item ``skip`` on, every one read."""
