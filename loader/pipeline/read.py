@@ -69,9 +69,11 @@ _MAX_MAPS = 32
 # Pages of a map more than _KEEP_BEHIND bytes behind its reader are handed back to the page cache
 # (MADV_DONTNEED) every _DROP_EVERY bytes read, and all of them once its run ends: a view still held
 # faults its pages back in from the cache. Without it every page a worker read stayed in its
-# resident set while the map lived (file-backed memory 86 -> 746 MB in a minute, issue 37).
-_KEEP_BEHIND = 4 << 20
-_DROP_EVERY = 16 << 20
+# resident set while the map lived (file-backed memory 86 -> 746 MB in a minute, issue 37). 32 MiB
+# behind is ~300 images of 100 KB of that run: a shuffle buffer's images are mostly more recent, so
+# few of them fault again (and a map keeps at most 64 MiB resident).
+_KEEP_BEHIND = 32 << 20
+_DROP_EVERY = 32 << 20
 _maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # the process's live maps of shards
 
 

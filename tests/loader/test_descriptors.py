@@ -142,3 +142,21 @@ def _both(own, init, worker_id: int) -> None:
     if own is not None:
         own(worker_id)
     init(worker_id)
+
+
+def test_a_view_of_pages_given_back_still_reads_the_shard(tmp_path, monkeypatch):
+    # Pages behind the reader, then all of them at close, go back to the page cache (MADV_DONTNEED):
+    # the views handed out before read the same bytes (faulted in again from the file).
+    monkeypatch.setattr(read_stage, "_MAP_AT_LEAST", 0)
+    monkeypatch.setattr(read_stage, "_KEEP_BEHIND", 4096)
+    monkeypatch.setattr(read_stage, "_DROP_EVERY", 8192)
+    data = os.urandom(1 << 20)
+    path = tmp_path / "blob.tar"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        mapped = read_stage.MappedShard.of(f)
+    assert mapped is not None
+    views = [mapped.read(10_000) for _ in range(100)]
+    assert mapped._dropped > 900_000  # most of it given back while read
+    mapped.close()
+    assert b"".join(bytes(v) for v in views) == data[:1_000_000]
