@@ -7,6 +7,8 @@ every problem imgshards reports. A missing shard or a bad index is the converter
 
 from __future__ import annotations
 
+import errno
+
 from imgshards.converter.errors import ImgshardsError, ManifestError
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "ImageShapeError",
     "LoaderTimeoutError",
     "ManifestError",
+    "ResourceLimitError",
     "ResumeError",
     "ShardAccessError",
     "ShardReadError",
@@ -167,6 +170,44 @@ class ShardAccessError(ShardReadError):
     replaced on the server while the pass read it. Raised at once, whatever ``on_error`` says, by
     the first worker that meets it: one line naming the shard, the cause and the fix.
     """
+
+
+class ResourceLimitError(ShardAccessError):
+    """A shard could not be opened, mapped or read because the process ran out of a resource.
+
+    Out of file descriptors (``EMFILE``, ``ENFILE``) or memory (``ENOMEM``, ``MemoryError``): a
+    setting to fix (``ulimit -n``, the workers' memory), not damage, so it is raised at once whatever
+    ``on_error`` says instead of being counted as an unreadable shard.
+    """
+
+    @classmethod
+    def of(cls, error: BaseException, *, path: str, shard: str) -> ResourceLimitError | None:
+        """The error to raise for ``error`` met on ``shard`` (at ``path``) if it is running out; else None."""
+        if isinstance(error, MemoryError):
+            cause = "out of memory"
+        elif isinstance(error, OSError) and error.errno in _OUT_OF:
+            cause = f"{error.strerror or error} ({_OUT_OF[error.errno]})"
+        else:
+            return None
+        try:
+            import resource  # not on Windows
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            limit = f"the soft limit of open files is {soft}; "
+        except (ImportError, OSError, ValueError):
+            limit = ""
+        return cls(
+            f"cannot read shard {path}: {cause}; {limit}raise it (ulimit -n), give the workers more "
+            "memory, or use fewer workers: this is a setting, not a damaged shard",
+            shard=shard,
+        )
+
+
+_OUT_OF = {
+    errno.EMFILE: "this process has no file descriptor left",
+    errno.ENFILE: "the system has no file descriptor left",
+    errno.ENOMEM: "out of memory",
+}
 
 
 def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 from imgshards.converter.manifest import SplitInfo
@@ -32,7 +31,7 @@ from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Count
 from .batch import Batch, BatchRows, BufferPool, SentBatch
 from .batches import Batches, Stage, collate_batches, decode_batches, each, offload_batches
 from .offload import RawBatch
-from .read import batched, read_elsewhere, read_runs
+from .read import Resumed, RunReader, batched, read_elsewhere
 from .reader import RawSample
 from .steps import NO_CLOCK, READ, NoClock, StepClock
 
@@ -129,10 +128,11 @@ def raw_pass(
     """
     # plan -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
     plan = s.plan(at)
-    # read, order -> RawSample, one run a segment (reader.read_run), interleaved and buffer-shuffled
+    # read, order -> RawSample, one run a segment (reader.read_run), interleaved and buffer-shuffled,
+    #                from batch at.first on (the samples before it replayed from the index, not read)
     samples = clock.timed_iter(READ, _read(s, plan, at, counters))
-    # cut -> (k, [RawSample]): batches before at.first read, not decoded; in train what a damaged
-    #        shard lost is made up from recent samples
+    # cut -> (k, [RawSample]): batches from at.first on; in train what a damaged shard lost is made
+    #        up from recent samples
     batches = batched(
         samples, sizes=plan.sizes, first=at.first, make_up=_elsewhere(s, plan, at) if s.train else None
     )
@@ -150,9 +150,7 @@ def raw_pass(
 
 def raw_samples(s: ReadSettings, at: PassPosition, counters: Counters) -> Iterator[RawSample]:
     """The raw samples of a pass from ``at``, with every member (:func:`imgshards.loader.stages.samples`)."""
-    plan = s.plan(at)
-    skip = sum(plan.sizes[: at.first])  # delivered before a resume
-    return islice(_read(s, plan, at, counters, keep_all=True), skip, None)
+    return _read(s, s.plan(at), at, counters, keep_all=True)
 
 
 def _elsewhere(
@@ -178,7 +176,11 @@ def _read(
     *,
     keep_all: bool = False,
 ) -> Iterator[RawSample]:
-    """The plan's samples, read (one run a segment) and put in the worker's order."""
+    """The plan's samples from batch ``at.first`` on, read (one run a segment), in the worker's order.
+
+    A resumed pass (``at.first > 0``) runs the same order on placeholders up to the samples of its
+    first batch, and reads from there on only (:class:`~.read.Resumed`).
+    """
 
     def on_truncated(message: str) -> None:
         counters.add(TRUNCATED)
@@ -189,7 +191,7 @@ def _read(
         warnings.warn(f"skipped the rest of a shard: {e}", RuntimeWarning, stacklevel=2)
 
     keep_all = keep_all or bool(s.raw_stages)  # the user's stages may want any member
-    runs = read_runs(
+    reader = RunReader(
         plan.segments,
         s.split,
         s.source,
@@ -202,9 +204,12 @@ def _read(
         views=s.views and not keep_all,
     )
     sizes = [len(seg) for seg in plan.segments]
-    return worker_order(
-        runs, sizes, s.layout.order, epoch=at.epoch, rank=at.rank, worker=at.worker, leg=at.leg
-    )
+    where = dict(epoch=at.epoch, rank=at.rank, worker=at.worker, leg=at.leg)
+    skip = sum(plan.sizes[: at.first])  # delivered before a resume
+    if not skip:
+        return worker_order(reader.runs(), sizes, s.layout.order, **where)
+    resumed = Resumed(reader)
+    return resumed.samples(worker_order(resumed.runs(), sizes, s.layout.order, **where), skip)
 
 
 def _on_corrupt(on_error: str, counters: Counters) -> Callable[[CorruptImageError], None] | None:

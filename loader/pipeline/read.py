@@ -16,6 +16,7 @@ import io
 import mmap
 import os
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
@@ -29,11 +30,14 @@ from imgshards.converter.manifest import ShardInfo, SplitInfo
 
 from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
-from ..errors import CorruptImageError, ShardAccessError, ShardReadError
+from ..errors import CorruptImageError, ResourceLimitError, ShardAccessError, ShardReadError
 from ..remote import ShardSource
 from .reader import RawSample, read_run
 
 __all__ = [
+    "Pending",
+    "Resumed",
+    "RunReader",
     "augment_seed",
     "batched",
     "read_elsewhere",
@@ -57,6 +61,21 @@ _SHARD_BUFFER = 8192
 # (its bytes / 1 MiB: about 200 for 2,000 images of 100 KB), so shards below it are read.
 _COPY_BELOW = 1024
 _MAP_AT_LEAST = 1 << 20
+# A map lives on after its run ends while a shuffle buffer holds views of it, and each holds a file
+# descriptor: at 10M samples a worker went from 32 to 95 maps in a minute (issue 37), and a whole
+# epoch's shards once every finished run stayed referenced. At most _MAX_MAPS maps live in a
+# process; a shard opened past that is read (images copied out), so a worker holds at most
+# interleave's 32 open runs plus _MAX_MAPS descriptors of shards, whatever the split's size.
+_MAX_MAPS = 32
+# Pages of a map more than _KEEP_BEHIND bytes behind its reader are handed back to the page cache
+# (MADV_DONTNEED) every _DROP_EVERY bytes read, and all of them once its run ends: a view still held
+# faults its pages back in from the cache. Without it every page a worker read stayed in its
+# resident set while the map lived (file-backed memory 86 -> 746 MB in a minute, issue 37). 32 MiB
+# behind is ~300 images of 100 KB of that run: a shuffle buffer's images are mostly more recent, so
+# few of them fault again (and a map keeps at most 64 MiB resident).
+_KEEP_BEHIND = 32 << 20
+_DROP_EVERY = 32 << 20
+_maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # the process's live maps of shards
 
 
 def read_runs(
@@ -77,38 +96,141 @@ def read_runs(
     A segment's ``skip`` samples are read past, never yielded. A shard that cannot be read ends its
     run and is reported to ``on_unreadable``; with ``on_unreadable=None`` the
     :class:`ShardReadError` propagates. A :class:`ShardAccessError` (no credentials, no access, a
-    listed shard not found, a shard changed during the pass) always propagates: only damage is
-    skipped. A run that ends short of its segment (damaged shard) tells ``on_lost`` how many of its
-    samples it lacks. Labels are read as the split says (``.cls``, or a ``.json`` field); one that
-    is not one of ``classes`` goes to ``on_corrupt`` (raises with None).
-    ``keep_all`` reads every member of a sample (else a ``.json`` that holds no label is skipped).
+    listed shard not found, a shard changed during the pass, out of file descriptors or memory)
+    always propagates: only damage is skipped. A run that ends short of its segment (damaged shard)
+    tells ``on_lost`` how many of its samples it lacks. Labels are read as the split says
+    (``.cls``, or a ``.json`` field); one that is not one of ``classes`` goes to ``on_corrupt``
+    (raises with None). ``keep_all`` reads every member of a sample (else a ``.json`` that holds no
+    label is skipped).
     """
-    shards = split.shards
-    class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
-    source.plan([shards[seg.shard] for seg in segments])  # prefetch in this order
-    runs = []
-    for seg in segments:
-        shard = shards[seg.shard]
+    return RunReader(
+        segments,
+        split,
+        source,
+        on_truncated=on_truncated,
+        on_unreadable=on_unreadable,
+        classes=classes,
+        on_corrupt=on_corrupt,
+        on_lost=on_lost,
+        keep_all=keep_all,
+        views=views,
+    ).runs()
+
+
+class RunReader:
+    """How the runs of one pass are read (see :func:`read_runs`): the shards, the source, what to tell."""
+
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        split: SplitInfo,
+        source: ShardSource,
+        *,
+        on_truncated: Callable[[str], None],
+        on_unreadable: Callable[[ShardReadError], None] | None,
+        classes: Sequence[str] | None,
+        on_corrupt: Callable[[CorruptImageError], None] | None,
+        on_lost: Callable[[int], None],
+        keep_all: bool,
+        views: bool,
+    ) -> None:
+        self.segments, self.split, self.source = segments, split, source
+        self.on_truncated, self.on_unreadable, self.on_corrupt = on_truncated, on_unreadable, on_corrupt
+        self.on_lost, self.keep_all, self.views = on_lost, keep_all, views
+        self.classes = classes
+        self.class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
+        source.plan([split.shards[seg.shard] for seg in segments])  # prefetch in this order
+
+    def runs(self) -> list[Iterator[RawSample]]:
+        """One lazy run a segment, in the given order."""
+        return [self.run(seg) for seg in self.segments]
+
+    def run(self, seg: Segment, start: int | None = None, *, one: bool = False) -> Iterator[RawSample]:
+        """Samples ``[start, seg.stop)`` of ``seg`` (from ``seg.start``), less its ``skip``.
+
+        ``one``: ``seg`` is one sample, read alone (copied, not mapped: the shard is not read on).
+        """
+        start = seg.start if start is None else start
+        shard = self.split.shards[seg.shard]
         run = read_run(
-            redact_url(source.url(shard.name)),
-            seg.start,
+            redact_url(self.source.url(shard.name)),
+            start,
             seg.stop,
-            on_truncated=on_truncated,
-            opener=_opener(source, shard, views=views),
-            num_classes=len(classes) if classes is not None else None,
-            on_corrupt=on_corrupt,
-            labels=split.labels,
-            class_to_idx=class_to_idx,
-            keep_all=keep_all,
-            offset=shard.sample_offset(seg.start) if seg.start else None,  # a seek, not a walk
+            on_truncated=self.on_truncated,
+            opener=_opener(self.source, shard, views=self.views and not one, one=one),
+            num_classes=len(self.classes) if self.classes is not None else None,
+            on_corrupt=self.on_corrupt,
+            labels=self.split.labels,
+            class_to_idx=self.class_to_idx,
+            keep_all=self.keep_all,
+            offset=shard.sample_offset(start) if start else None,  # a seek, not a walk
         )
+        expected = seg.stop - start
         if seg.skip:
-            run = _skipping(run, seg)
-        runs.append(_accounted(run, len(seg), on_lost, on_unreadable))
-    return runs
+            run = _skipping(run, seg.skip, start)
+            expected -= sum(1 for i in seg.skip if start <= i < seg.stop)
+        return _accounted(run, expected, self.on_lost, self.on_unreadable)
 
 
-def _opener(source: ShardSource, shard: ShardInfo, *, views: bool) -> Callable[[], BinaryIO]:
+# A sample of a resumed pass not read (yet): (number of its segment, index in its shard).
+Pending = tuple[int, int]
+
+
+class Resumed:
+    """The runs of a pass resumed after ``skip`` samples, which reads no byte of those it skips.
+
+    The runs first give :data:`Pending` placeholders instead of samples: put through the worker's
+    order (the very :func:`~..epoch.order.worker_order` of a fresh pass) they come out in the order
+    the samples would, at the cost of arithmetic. :meth:`samples` drops the ``skip`` first ones (the
+    samples delivered before the resume) and switches the runs to reading: each then opens its
+    shard at its next sample (the index's offset: a seek), and the placeholders still in the
+    shuffle buffer at that point are read one by one at their offsets. So a resume at the end of
+    an epoch reads the samples left in it, not the epoch (issue 37), and the batches are those of
+    the pass it resumes.
+
+    Damage in the skipped part: the pass being resumed drew its order from the runs as they were
+    read, and a damaged shard's run ended early, while the replay's runs have their planned
+    lengths; the samples that pass delivered are then not exactly those skipped here, so some
+    come twice or never in that epoch (every sample still comes at most once after the resume,
+    and the batch count holds). Damage met after the resume is counted as in any pass.
+    """
+
+    def __init__(self, runs: RunReader) -> None:
+        self._runs = runs
+        self._reading = False
+
+    def runs(self) -> list[Iterator[RawSample | Pending]]:
+        """One run a segment: placeholders until :meth:`samples` has skipped, then samples."""
+        return [self._run(k, seg) for k, seg in enumerate(self._runs.segments)]
+
+    def _run(self, k: int, seg: Segment) -> Iterator[RawSample | Pending]:
+        skip = seg.skip
+        for i in range(seg.start, seg.stop):
+            if self._reading:
+                yield from self._runs.run(seg, i)  # from sample i on, less the segment's skip
+                return
+            if not skip or i not in skip:
+                yield k, i
+
+    def samples(self, ordered: Iterator[RawSample | Pending], skip: int) -> Iterator[RawSample]:
+        """``ordered`` (the runs in the worker's order) from its item ``skip`` on, every one read."""
+        deque(islice(ordered, skip), maxlen=0)  # the samples delivered before: placeholders, not read
+        self._reading = True
+        segments = self._runs.segments
+        for item in ordered:
+            if type(item) is tuple:  # in the shuffle buffer at the resume point: read it alone
+                k, i = item
+                one = Segment(segments[k].shard, i, i + 1)
+                yield from self._runs.run(one, one=True)  # nothing (a lost sample, counted) if damaged
+            else:
+                yield item  # type: ignore[misc]
+
+
+def _opener(
+    source: ShardSource, shard: ShardInfo, *, views: bool, one: bool = False
+) -> Callable[[], BinaryIO]:
+    """Opens ``shard`` for a run; ``one``: for one sample (a resume's), read in small pieces."""
+
     def open_shard() -> BinaryIO:
         f = source.open(shard)
         if isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO):  # a local regular file
@@ -116,6 +238,10 @@ def _opener(source: ShardSource, shard: ShardInfo, *, views: bool) -> Callable[[
                 mapped = MappedShard.of(f)
                 if mapped is not None:
                     return cast(BinaryIO, mapped)
+            return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
+        if one and isinstance(f, io.BufferedReader):
+            # A remote shard's reader refills its 1 MiB buffer to the full: to the shard's end,
+            # for the one sample a resume reads here (its ranged reader still reads whole chunks).
             return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
         return f
 
@@ -129,28 +255,39 @@ class MappedShard:
     image) returns a ``memoryview`` of the map, so reading it copies nothing and a worker's shuffle
     buffer of encoded images takes no memory of its own (with ``bytes``, each image read while the
     buffer fills is a copy into freshly faulted memory: 50-90 us for 100 KB, against 12 us into
-    reused memory; docs/loader-pass.md). The map lives as long as a view of it does. Reading past
-    the file's end as mapped returns what there is, as ``read`` does; a file cut shorter *while*
-    mapped faults the reading process (SIGBUS): shards are written once and renamed into place.
+    reused memory; docs/loader-pass.md). The map lives as long as a view of it does, and holds a
+    file descriptor meanwhile: :meth:`of` maps no more than ``_MAX_MAPS`` shards in a process.
+    Pages well behind the reader, and all of them once it is closed, are given back to the page
+    cache (views of them fault them in again). Reading past the file's end as mapped returns what
+    there is, as ``read`` does; a file cut shorter *while* mapped faults the reading process
+    (SIGBUS): shards are written once and renamed into place.
     """
 
-    __slots__ = ("_map", "_pos", "_size", "_view")
+    __slots__ = ("_dropped", "_map", "_pos", "_size", "_view")
 
     def __init__(self, mapped: mmap.mmap) -> None:
         self._map, self._view = mapped, memoryview(mapped)
-        self._pos, self._size = 0, len(mapped)
+        self._pos, self._size, self._dropped = 0, len(mapped), 0
 
     @classmethod
     def of(cls, f: io.BufferedReader) -> MappedShard | None:
-        """``f`` mapped and closed (the map holds its own descriptor); None, ``f`` left open, if not."""
+        """``f`` mapped and closed (the map holds its own descriptor); None, ``f`` left open, if not.
+
+        Not mapped: a small file, a file system that does not map, or ``_MAX_MAPS`` maps alive in
+        this process already. Out of descriptors or memory is a :class:`ResourceLimitError`.
+        """
         try:
-            if os.fstat(f.fileno()).st_size < _MAP_AT_LEAST:
+            if len(_maps) >= _MAX_MAPS or os.fstat(f.fileno()).st_size < _MAP_AT_LEAST:
                 return None
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # a file system that does not map
+        except (OSError, ValueError) as e:  # a file system that does not map
+            out = ResourceLimitError.of(e, path=f.name, shard=os.path.basename(f.name))
+            if out is not None:
+                raise out from e
             return None
         if hasattr(mmap, "MADV_SEQUENTIAL"):
             mapped.madvise(mmap.MADV_SEQUENTIAL)  # runs are read in order: read ahead as read() would
+        _maps.add(mapped)
         f.close()
         return cls(mapped)
 
@@ -158,9 +295,19 @@ class MappedShard:
         start = self._pos
         stop = self._size if n < 0 else min(self._size, start + n)
         self._pos = max(start, stop)
+        if stop - self._dropped > _DROP_EVERY:
+            self._drop(stop - _KEEP_BEHIND)
         if stop - start < _COPY_BELOW:
             return self._map[start:stop]
         return self._view[start:stop]
+
+    def _drop(self, stop: int) -> None:
+        """Give the map's pages from ``_dropped`` up to ``stop`` back to the page cache."""
+        start = self._dropped - self._dropped % mmap.PAGESIZE
+        stop -= stop % mmap.PAGESIZE
+        if stop > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
+        self._dropped = max(self._dropped, stop)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         base = (0, self._pos, self._size)[whence]
@@ -171,6 +318,9 @@ class MappedShard:
         return self._pos
 
     def close(self) -> None:
+        if self._map is not None:
+            self._dropped = 0
+            self._drop(self._size)  # all of it: the views left fault back in what they use
         self._view = self._map = None  # type: ignore[assignment]  # freed with the last view of it
 
     def __enter__(self) -> MappedShard:
@@ -229,8 +379,8 @@ def _ignore(_: object) -> None:
     pass
 
 
-def _skipping(run: Iterator[RawSample], seg: Segment) -> Iterator[RawSample]:
-    return (s for i, s in enumerate(run, seg.start) if i not in seg.skip)
+def _skipping(run: Iterator[RawSample], skip: frozenset[int], start: int) -> Iterator[RawSample]:
+    return (s for i, s in enumerate(run, start) if i not in skip)
 
 
 def _accounted(
@@ -268,15 +418,15 @@ def batched(
 ) -> Iterator[tuple[int, list[RawSample]]]:
     """Cut ``raw`` into this worker's batches ``(k, samples)`` of ``sizes[k]``, from batch ``first`` on.
 
-    The samples of batches before ``first`` (delivered before a resume) are read and dropped,
-    never decoded. Samples that ``raw`` lacks (a truncated or unreadable shard) are made up by
-    repeating the most recent ones, so the batch count holds; a worker that has read nothing at
-    all repeats the samples ``make_up()`` gives (samples from elsewhere in the split). With
-    ``make_up=None`` (eval) nothing is made up: a batch holds what exists, and the batches end when
-    nothing is left.
+    ``raw`` starts at batch ``first``: the samples of the batches before it (delivered before a
+    resume) are left out of it (:class:`Resumed`), never read. Samples that ``raw`` lacks (a
+    truncated or unreadable shard) are made up by repeating the most recent ones (of this pass:
+    after a resume, from its first batch on), so the batch count holds; a worker that has read
+    nothing at all repeats the samples ``make_up()`` gives (samples from elsewhere in the split).
+    With ``make_up=None`` (eval) nothing is made up: a batch holds what exists, and the batches end
+    when nothing is left.
     """
     recent: deque[RawSample] = deque(maxlen=max(sizes, default=1))  # the latest samples read
-    recent.extend(islice(raw, sum(sizes[:first])))
     for k in range(first, len(sizes)):
         batch = list(islice(raw, sizes[k]))
         recent.extend(batch)

@@ -38,7 +38,7 @@ from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource
 from imgshards.converter.tarsamples import SampleReader, TarSample, sample_problem
 from imgshards.converter.tarstream import TarStream
 
-from ..errors import CorruptImageError, ShardReadError
+from ..errors import CorruptImageError, ResourceLimitError, ShardReadError
 
 __all__ = ["RawSample", "ShardFormatError", "image_member", "read_run", "sample_shard", "source_path"]
 
@@ -187,8 +187,13 @@ def read_run(
                     yield sample
         except ShardFormatError as e:
             problem = f"; {e}"
-        except OSError as e:
+        except (OSError, MemoryError) as e:
             if isinstance(e, ImgshardsError):
+                raise
+            out = ResourceLimitError.of(e, path=url, shard=path.name)  # a setting to fix, not damage
+            if out is not None:
+                raise out from e
+            if isinstance(e, MemoryError):
                 raise
             raise ShardReadError(f"cannot read shard {path}: {e}", shard=path.name) from e
         finally:

@@ -49,7 +49,7 @@ from imgshards.converter.locate import redact_url, shown_cause
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 from imgshards.converter.remotefs import with_timeouts
 
-from ..errors import ConfigError, ShardAccessError, ShardReadError
+from ..errors import ConfigError, ResourceLimitError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
 from .objects import RemoteObject, remote_object
 from .ranges import DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT, RangeReader, RetryPolicy, SeekableRawReader
@@ -188,6 +188,11 @@ class ShardSource:
                     f"cannot read shard {self.url(shard.name)}: {e.strerror or e}; {fix}", shard=shard.name
                 ) from e
             except OSError as e:  # goes through on_error, as a remote shard that cannot be read
+                out = ResourceLimitError.of(
+                    e, path=self.url(shard.name), shard=shard.name
+                )  # EMFILE: a setting, not damage
+                if out is not None:
+                    raise out from e
                 raise ShardReadError(
                     f"cannot read shard {self.url(shard.name)}: {e}", shard=shard.name
                 ) from e
