@@ -174,8 +174,9 @@ def test_block_runs(block: Block, page_dirs):
 def test_the_readme_loop_runs_as_a_file_inside_tqdm(tmp_path):
     # tqdm's monitor thread runs while the val loader's workers start.
     blocks = extract_blocks(ROOT / "README.md")
-    pack = next(b for b in blocks if b.lang == "bash" and "imgshards pack" in b.code)
     loop = next(b for b in blocks if b.lang == "python" and "for batch in loader:" in b.code)
+    # The block that packs what the loop reads (root = "shards"), however many pack blocks come first.
+    pack = next(b for b in blocks if b.lang == "bash" and re.search(r"imgshards pack \S+ shards\b", b.code))
     code = "from tqdm import tqdm\n" + loop.code.replace("for batch in loader:", "for batch in tqdm(loader):")
     make_photos(tmp_path)
     check_block(pack, tmp_path)
