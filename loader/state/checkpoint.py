@@ -46,8 +46,11 @@ __all__ = [
     "shards_digest",
 ]
 
-STATE_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+STATE_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
+# The shuffle drew its random numbers one at a time before version 4 (epoch/order.py): an older
+# state's epoch is replayed in another order, so it resumes only where an epoch starts.
+_SAME_ORDER_SINCE = 4
 _RECORDED_SINCE_3 = ("split", "shards")
 
 # The bounds a saved state's numbers are checked against before any is used; the epoch's is the
@@ -125,6 +128,13 @@ class ResumeState:
             )
         most = leg_batches(epoch, legs, world_size)
         batches = _integer(what, "batches", state["batches"], 0, most)
+        if state["version"] < _SAME_ORDER_SINCE and (batches or legs):
+            raise ResumeError(
+                f"cannot resume: this {what} state (version {state['version']}) was saved mid-epoch by an "
+                "imgshards whose shuffle order differs, so the rest of its epoch would repeat and skip "
+                f"samples; resume it with that version, or start epoch {epoch} over with "
+                f"loader.set_epoch({epoch}) (or load a state saved where an epoch starts)"
+            )
         return cls(epoch, legs, batches, world_size, num_workers, worker)
 
 

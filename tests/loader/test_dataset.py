@@ -324,8 +324,22 @@ def test_resume_refuses_a_state_of_another_split_or_dataset(two_splits, packed_m
         make_loader(dataset(packed_few), num_workers=0).load_state_dict(many.state_dict())
     # The same data elsewhere (a copy, a mirror) resumes; a state saved before these were recorded too.
     make_loader(dataset(two_splits, split="train"), num_workers=0).load_state_dict(state)
-    older = {k: v for k, v in state.items() if k not in ("split", "shards")} | {"version": 2}
+    older = {k: v for k, v in state.items() if k not in ("split", "shards")} | {"version": 2, "batches": 0}
     make_loader(dataset(two_splits, split="val"), num_workers=0).load_state_dict(older)
+
+
+def test_a_state_saved_mid_epoch_by_an_older_order_is_refused_naming_the_way_out(two_splits):
+    """Version 4 changed the shuffle's draws (issue 37): an older mid-epoch state replays another order."""
+    ld = make_loader(dataset(two_splits), num_workers=0)
+    next(iter(ld))
+    state = ld.state_dict()
+    assert state["version"] == 4 and state["batches"] > 0
+    fresh = make_loader(dataset(two_splits), num_workers=0)
+    with pytest.raises(ResumeError, match=r"version 3\) was saved mid-epoch .* loader\.set_epoch\(0\)"):
+        fresh.load_state_dict(state | {"version": 3})
+    assert fresh.epoch == 0
+    fresh.load_state_dict(state | {"version": 3, "batches": 0})  # where an epoch starts: the same
+    assert len(list(fresh)) == len(fresh)
 
 
 def test_a_path_to_the_index_reads_the_shards_beside_it(packed_few, lookup_few):
