@@ -59,7 +59,7 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple, TypeVar, get_args
 
 import numpy as np
 import torch
@@ -95,6 +95,8 @@ GRAY = np.array([0.2989, 0.587, 0.114])
 # AlexNet's PCA of ImageNet RGB pixels (values in [0, 1]), as used by fb.resnet.torch's Lighting.
 PCA_EIGVAL = np.array([0.2175, 0.0188, 0.0045])
 PCA_EIGVEC = np.array([[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]])
+# Saturation's blend target: each pixel's gray level in every channel, (GRAY @ x) * ones.
+_GRAY_ROWS = np.outer(np.ones(3), GRAY)
 
 
 class View(NamedTuple):
@@ -155,9 +157,9 @@ class Preset(ABC):
 
     Attributes:
         size: The side of the square ``uint8`` output.
-        reducible_from: The shorter side from which some view of an image could be decoded at half
-            its resolution (:func:`reduction`): the largest view a smaller image can have spans
-            fewer than ``2 * size`` source pixels.
+        reducible_from: The shorter side below which no view of an image can be decoded at half
+            its resolution (:func:`reduction`: that takes a view of ``2 * size`` source pixels),
+            what :mod:`.scaled` asks before it reads more than a JPEG's header.
 
     """
 
@@ -474,21 +476,42 @@ def _conv_channels_last(img: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return torch.from_numpy(hwc).permute(2, 0, 1)
 
 
-def _color_matrix(
-    mean: np.ndarray, factors: list[float], order: list[int], lighting: np.ndarray | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The jitter steps in ``order`` (and lighting) as one conv weight ``[3, 3, 1, 1]`` and bias."""
-    a, t = np.eye(3), np.zeros(3)
+Matrix = TypeVar("Matrix", np.ndarray, torch.Tensor)
+
+
+def _jitter_steps(
+    a: Matrix,
+    t: Matrix,
+    mean: Matrix,
+    factors: Sequence[float],
+    order: Sequence[int],
+    gray: Matrix,
+    eye: Matrix,
+    gray_rows: Matrix,
+) -> tuple[Matrix, Matrix]:
+    """The jitter steps in ``order`` applied to ``y = a x + t``: numpy on the host, tensors on a device.
+
+    Brightness scales; contrast blends with the mean gray level (of ``a mean + t``); saturation
+    blends each pixel with its gray level (``gray_rows``: every row the ``gray`` weights).
+    """
     for step in order:
         f = factors[step]
         if step == 0:
             a, t = f * a, f * t
         elif step == 1:
-            gray_mean = float(GRAY @ (a @ mean + t))
+            gray_mean = gray @ (a @ mean + t)
             a, t = f * a, f * t + (1 - f) * gray_mean
         else:
-            s = f * np.eye(3) + (1 - f) * np.outer(np.ones(3), GRAY)
+            s = f * eye + (1 - f) * gray_rows
             a, t = s @ a, s @ t
+    return a, t
+
+
+def _color_matrix(
+    mean: np.ndarray, factors: list[float], order: list[int], lighting: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The jitter steps in ``order`` (and lighting) as one conv weight ``[3, 3, 1, 1]`` and bias."""
+    a, t = _jitter_steps(np.eye(3), np.zeros(3), mean, factors, order, GRAY, np.eye(3), _GRAY_ROWS)
     if lighting is not None:
         t = t + 255 * (PCA_EIGVEC @ (lighting * PCA_EIGVAL))
     return torch.from_numpy(a.astype(np.float32)[:, :, None, None]), torch.from_numpy(t.astype(np.float32))
@@ -503,18 +526,8 @@ def _color_matrix_on_device(
     from the host, which would wait for the device.
     """
     gray, eye, gray_rows, pca = _device_constants(mean.device)
-    a, t = eye.clone(), torch.zeros(3, dtype=torch.float64, device=mean.device)
-    mean = mean.double()
-    for step in order:
-        f = factors[step]
-        if step == 0:
-            a, t = f * a, f * t
-        elif step == 1:
-            gray_mean = gray @ (a @ mean + t)
-            a, t = f * a, f * t + (1 - f) * gray_mean
-        else:
-            s = f * eye + (1 - f) * gray_rows
-            a, t = s @ a, s @ t
+    t = torch.zeros(3, dtype=torch.float64, device=mean.device)
+    a, t = _jitter_steps(eye.clone(), t, mean.double(), factors, order, gray, eye, gray_rows)
     if lighting is not None:
         coef = (255 * lighting * PCA_EIGVAL).tolist()
         t = t + pca[:, 0] * coef[0] + pca[:, 1] * coef[1] + pca[:, 2] * coef[2]
@@ -536,7 +549,7 @@ def color_terms(view: View) -> np.ndarray:
     if view.factors is not None and view.order is not None:
         for step in view.order:
             f = view.factors[step]
-            m = f * np.eye(3) if step != 2 else f * np.eye(3) + (1 - f) * np.outer(np.ones(3), GRAY)
+            m = f * np.eye(3) if step != 2 else f * np.eye(3) + (1 - f) * _GRAY_ROWS
             if step == 1:
                 w = GRAY @ a
                 u = (1 - f) * np.ones(3)
@@ -555,6 +568,6 @@ _CONSTANTS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 def _device_constants(device: torch.device) -> tuple[torch.Tensor, ...]:
     """The gray weights, the identity, the gray-projection rows and the PCA vectors, on ``device``."""
     if device not in _CONSTANTS:
-        host = (GRAY, np.eye(3), np.outer(np.ones(3), GRAY), PCA_EIGVEC)
+        host = (GRAY, np.eye(3), _GRAY_ROWS, PCA_EIGVEC)
         _CONSTANTS[device] = tuple(torch.from_numpy(c).to(device) for c in host)
     return _CONSTANTS[device]
