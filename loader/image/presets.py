@@ -443,9 +443,8 @@ def _recolor(
     img: torch.Tensor, factors: list[float], order: list[int], lighting: np.ndarray | None
 ) -> torch.Tensor:
     """The jitter steps in ``order`` and the ``lighting`` offset applied to ``img`` in one pass, clamped."""
-    # y = A x + t, built step by step (3x3 numpy math on the CPU: torch's per-op overhead would
-    # cost more than the pixels): brightness scales; contrast blends with the mean gray level;
-    # saturation blends each pixel with its gray level.
+    # y = A x + t, built by _jitter_steps (3x3 numpy math on the CPU: torch's per-op overhead would
+    # cost more than the pixels), then applied to the pixels in one pass.
     mean = img[:, ::2, ::2].float().mean(dim=(1, 2))
     if img.device.type != "cpu":
         # On a GPU the mean stays there: the matrix is built on the device, no copy, no sync.
