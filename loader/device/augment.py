@@ -2,9 +2,9 @@
 
 The per-image presets (:mod:`..image.presets`) launch about ten kernels an image; at 256 images a
 batch that is thousands of launches, more than a GPU step can hide. Here the random parameters come
-from the host (:meth:`~..image.presets.RandomResizedCropFlip.draw`, one
+from the host (:meth:`~..image.presets.Preset.draw`, the preset's one definition of its draws: one
 :class:`~..image.presets.View` an image, drawn in sample order with the workers' generator), and the
-pixels go through one pass per group of images:
+pixels go through one pass per group of images, doing what each view says:
 
 1. **Canvas**: the decoded images are copied (one copy an image, which also converts to float)
    into one float canvas, stacked vertically, each with a one-pixel border that repeats its edge,
@@ -15,9 +15,10 @@ pixels go through one pass per group of images:
    ``ceil(box / size)`` squared bilinear samples per output pixel (a box filter), where
    ``interpolate(antialias=True)`` weighs a triangle twice as wide. A padded batch through one
    ``interpolate`` would apply one scale to all.
-3. **Colour** (``"resnet"``): each image's jitter and lighting is one 3x3 matrix and offset; all
-   of it is known on the host but the contrast step's mean gray level, which is computed on the
-   device and enters as one scalar per image. One batched matrix product applies them.
+3. **Colour** (views that have it, ``"resnet"``'s): each image's jitter and lighting is one 3x3
+   matrix and offset (:func:`~..image.presets.color_terms`); all of it is known on the host but the
+   contrast step's mean gray level, which is computed on the device and enters as one scalar per
+   image. One batched matrix product applies them.
 4. **Flip** by a mask, and back to ``uint8`` (rounded after the resize, truncated after the colour,
    as the per-image presets do).
 
@@ -34,21 +35,9 @@ import numpy as np
 import torch
 from torchvision.ops import roi_align
 
-from ..image.presets import (
-    _GRAY,
-    _PCA_EIGVAL,
-    _PCA_EIGVEC,
-    RandomResizedCropFlip,
-    ResizeCenterCrop,
-    ScaleCropFlipColor,
-    View,
-)
+from ..image.presets import Preset, View, color_terms
 
-__all__ = ["BATCHED_PRESETS", "augment_batch", "augment_groups", "by_width", "canvas_bytes"]
-
-# The presets this module applies in batches (a custom transform runs image by image).
-BATCHED_PRESETS = (RandomResizedCropFlip, ScaleCropFlipColor, ResizeCenterCrop)
-Preset = RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop
+__all__ = ["augment_batch", "augment_groups", "by_width", "canvas_bytes"]
 
 
 def canvas_bytes(shapes: Sequence[tuple[int, int]]) -> int:
@@ -92,6 +81,9 @@ def augment_groups(
 def augment_batch(images: Sequence[torch.Tensor], views: Sequence[View], preset: Preset) -> torch.Tensor:
     """Apply ``views`` (one per image, from ``preset.draw``) to RGB ``uint8 [3, H, W]`` images at once.
 
+    Each view's box is resized to the preset's ``size``, recoloured if the view has colour, flipped
+    if it says so: what :meth:`~..image.presets.Preset.apply` does to one image.
+
     Returns:
         ``uint8 [len(images), 3, size, size]`` on the images' device.
 
@@ -105,7 +97,7 @@ def augment_batch(images: Sequence[torch.Tensor], views: Sequence[View], preset:
         canvas, boxes, output_size=(size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True
     )
     out = out.round_().clamp_(0, 255)  # the per-image resize's uint8 output
-    if isinstance(preset, ScaleCropFlipColor):
+    if any(v.factors is not None for v in views):
         out = _recolor(out, views)
     flips = [v.flip for v in views]
     if any(flips):
@@ -153,14 +145,12 @@ def _canvas(images: Sequence[torch.Tensor], views: Sequence[View]) -> tuple[torc
 
 
 def _recolor(x: torch.Tensor, views: Sequence[View]) -> torch.Tensor:
-    """Jitter and lighting of each image, as :meth:`~..image.presets.ScaleCropFlipColor.apply` computes them.
+    """Jitter and lighting of each image, as :meth:`~..image.presets.Preset.apply` computes them.
 
-    Of the matrix ``A`` and offset ``t`` the per-image preset builds step by step, only the contrast
-    step reads the image (its mean gray level ``g``): before it ``t`` is 0, so ``g = w . mean`` with
-    ``w`` known on the host, and the steps after it carry ``(1 - f) g`` through as ``u g``. So
-    ``y = A x + u (w . mean) + l``, with ``A, u, w, l`` drawn up on the host.
+    ``y = A x + u (w . mean) + l``, with ``A, u, w, l`` drawn up on the host
+    (:func:`~..image.presets.color_terms`) and the mean of each image computed here.
     """
-    host = np.stack([_color_terms(v) for v in views])  # [k, 18]: A (9), u (3), w (3), l (3)
+    host = np.stack([color_terms(v) for v in views])  # [k, 18]: A (9), u (3), w (3), l (3)
     terms = torch.from_numpy(host).to(x.device, non_blocking=True)
     a, u, w, light = terms[:, :9].view(-1, 3, 3), terms[:, 9:12], terms[:, 12:15], terms[:, 15:18]
     mean = x[:, :, ::2, ::2].mean(dim=(2, 3)).double()  # of the uint8 resize output, as the preset
@@ -168,24 +158,3 @@ def _recolor(x: torch.Tensor, views: Sequence[View]) -> torch.Tensor:
     k, _, h, width = x.shape
     y = torch.baddbmm(t.float()[:, :, None], a.float(), x.reshape(k, 3, h * width))
     return y.view(k, 3, h, width).clamp_(0, 255).trunc_()
-
-
-def _color_terms(view: View) -> np.ndarray:
-    """``A`` (row-major), ``u``, ``w`` and the lighting offset ``l`` of one view, float64."""
-    assert view.factors is not None and view.order is not None
-    a = np.eye(3)
-    w = np.zeros(3)
-    u = np.zeros(3)
-    for step in view.order:
-        f = view.factors[step]
-        m = f * np.eye(3) if step != 2 else f * np.eye(3) + (1 - f) * np.outer(np.ones(3), _GRAY)
-        if step == 1:
-            w = _GRAY @ a
-            u = (1 - f) * np.ones(3)
-        else:
-            u = m @ u
-        a = m @ a
-    light = np.zeros(3)
-    if view.lighting is not None:
-        light = 255 * (_PCA_EIGVEC @ (np.array(view.lighting, dtype=np.float32) * _PCA_EIGVAL))
-    return np.concatenate([a.ravel(), u, w, light])

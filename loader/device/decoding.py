@@ -48,12 +48,12 @@ import torch
 
 from ..epoch.seeds import augment_seed
 from ..errors import ConfigError, CorruptImageError, ImageShapeError
-from ..image.presets import PRESETS, Transform, View
+from ..image.presets import PRESETS, Preset, Transform, View
 from ..pipeline.batch import Batch, to_device
 from ..pipeline.offload import DecodeOn, RawBatch
 from ..pipeline.read import seeded
 from ..pipeline.steps import AUGMENT, DECODE, NORMALIZE
-from .augment import BATCHED_PRESETS, augment_groups, by_width, canvas_bytes
+from .augment import augment_groups, by_width, canvas_bytes
 from .backends import Backend, Probe, chunks, decode_sample, default_backend, probe
 from .marks import DecoderStats, Marks
 from .memory import Memory, bound, rounded
@@ -98,9 +98,9 @@ class DeviceDecoder:
         self._warned = False
         self._pool: ThreadPoolExecutor | None = None  # the CPU decoder's threads, made when first needed
         self.batched_augment = config.augment == "batched" or (
-            config.augment is None and self.config.cuda and isinstance(transform, BATCHED_PRESETS)
+            config.augment is None and self.config.cuda and isinstance(transform, Preset)
         )
-        if self.batched_augment and not isinstance(transform, BATCHED_PRESETS):
+        if self.batched_augment and not isinstance(transform, Preset):
             raise ConfigError(
                 f"decode_on: augment='batched' applies the presets {list(PRESETS)}, not {transform!r}; "
                 "use augment='per_image' for a custom transform"
@@ -113,7 +113,7 @@ class DeviceDecoder:
         A custom transform draws from torch's default generator, which the training thread uses
         too: it runs in the training thread, image by image, as in a worker.
         """
-        return self.config.ahead > 0 and isinstance(self.transform, BATCHED_PRESETS)
+        return self.config.ahead > 0 and isinstance(self.transform, Preset)
 
     # ---- the stream: a producer thread, a ring of ready batches ------------------------------
 
@@ -184,7 +184,7 @@ class DeviceDecoder:
         memory = Memory(device)
         seed = augment_seed(self.seed, raw.epoch, self.rank, raw.worker, raw.index)
         probes = [probe(raw.sample(i).numpy().data, raw.exts[i]) for i in range(len(raw))]
-        preset = self.transform if isinstance(self.transform, BATCHED_PRESETS) else None
+        preset = self.transform if isinstance(self.transform, Preset) else None
         # The workers' draws, from a generator of this batch's own: the default one is left alone.
         generator = torch.Generator().manual_seed(seed) if preset is not None else None
         parts: list[torch.Tensor] = []
@@ -311,7 +311,7 @@ class DeviceDecoder:
             return []
         if self.batched_augment:
             preset = self.transform
-            assert isinstance(preset, BATCHED_PRESETS)
+            assert isinstance(preset, Preset)
             limit = max(4 * self.config.max_decoded_bytes, *(canvas_bytes([_shape(i)]) for i in images))
             groups = by_width([_shape(i) for i in images], limit)
             for group in groups:  # one group's canvas (and its border indices) and roi_align output at a time
@@ -325,7 +325,7 @@ class DeviceDecoder:
         for k, image in enumerate(images):
             if views:
                 preset = self.transform
-                assert isinstance(preset, BATCHED_PRESETS)
+                assert isinstance(preset, Preset)
                 result = preset.apply(image, views[k])
             else:
                 result = self.transform(image)

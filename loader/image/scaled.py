@@ -25,11 +25,9 @@ import torch
 
 from ..errors import ImageShapeError
 from .decode import OpenJpeg, Reduced, jpeg_header, open_jpeg
-from .presets import RandomResizedCropFlip, ResizeCenterCrop, ScaleCropFlipColor, Transform, View, reduction
+from .presets import Preset, Transform, View, reduction
 
 __all__ = ["HALF_FROM_PIXELS", "ScaledDecoder", "scaled_decoder"]
-
-Preset = RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop
 Timer = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 # Below this many pixels a half-scale decode does not pay: Pillow's decode at 1/2 and its resize
@@ -102,6 +100,6 @@ def scaled_decoder(
     half_from: int = HALF_FROM_PIXELS,
 ) -> ScaledDecoder | None:
     """A :class:`ScaledDecoder` for ``transform`` if it is one of the presets; ``None`` for any other."""
-    if isinstance(transform, RandomResizedCropFlip | ScaleCropFlipColor | ResizeCenterCrop):
+    if isinstance(transform, Preset):  # what it needs it asks the preset: its size, draws, reduced apply
         return ScaledDecoder(transform, decode_timer, augment_timer, half_from=half_from)
     return None
