@@ -256,7 +256,9 @@ def pack(
             click.secho(f"warning: {warning}", fg="yellow", err=True)
     rejected_all = [info.name for info in result.infos if info.samples == 0]
     if rejected_all:
-        where = ", ".join(str(join(result.dst, str(i.rejects_file))) for i in result.infos if i.samples == 0)
+        where = ", ".join(
+            redact_url(str(join(result.dst, str(i.rejects_file)))) for i in result.infos if i.samples == 0
+        )
         raise BadData(f"every file of split(s) {', '.join(rejected_all)} was rejected: see {where}")
 
 
@@ -265,7 +267,7 @@ def dry_run_json(plan: DryRun, dst: Path | str, config: PackConfig) -> dict[str,
     return {
         "dry_run": True,
         "src": str(plan.src),
-        "dst": str(dst),
+        "dst": redact_url(str(dst)),
         "classes": list(plan.classes),
         "splits": {
             split.name: {
@@ -290,7 +292,7 @@ def print_dry_run(plan: DryRun, dst: Path | str, config: PackConfig) -> None:
     click.echo(f"dry run: {plan.src} holds {plural(len(plan.classes), 'class', 'classes')} ({names})")
     cap = f", at most {plural(config.max_samples, 'sample')} each" if config.max_samples else ""
     for split in plan.splits:
-        low, high = min(split.shard_samples), max(split.shard_samples)
+        low, high = min(split.shard_samples, default=0), max(split.shard_samples, default=0)
         per_shard = f"{low:,}" if low == high else f"{low:,}..{high:,}"
         click.echo(
             f"  split {split.name!r}: {plural(split.samples, 'sample')} in {plural(split.shards, 'shard')} "
@@ -307,7 +309,8 @@ def print_dry_run(plan: DryRun, dst: Path | str, config: PackConfig) -> None:
         click.secho(f"  warning: {warning}", fg="yellow")
     check = Check(config.check).value
     click.echo(
-        f"nothing written to {dst}; without --dry-run, pack also checks each image (--check {check}), "
+        f"nothing written to {redact_url(str(dst))}; without --dry-run, pack also checks each image "
+        f"(--check {check}), "
         "which may reject more, and converts formats, which changes the sizes"
     )
 
@@ -330,7 +333,7 @@ def summary_json(result: PackResult) -> dict[str, Any]:
     """What ``pack --json`` prints: the run, and per split its samples, formats and rejects."""
     classes = result.manifest.classes
     return {
-        "dst": str(result.dst),
+        "dst": redact_url(str(result.dst)),
         "classes": len(classes),
         "splits": {
             info.name: {
@@ -344,7 +347,7 @@ def summary_json(result: PackResult) -> dict[str, Any]:
                 "rejects": {
                     "total": info.rejects_total,
                     "by_reason": dict(info.rejects_by_reason),
-                    "file": str(join(result.dst, str(info.rejects_file))),
+                    "file": redact_url(str(join(result.dst, str(info.rejects_file)))),
                 },
                 "empty_classes": [c for c, n in zip(classes, info.class_counts, strict=True) if n == 0],
             }
@@ -397,7 +400,7 @@ def print_summary(result: PackResult, *, rejects: Mapping[str, Sequence[str]] | 
                 for line in rejects[info.name]:
                     click.echo(f"    {shown(line)}")
             else:
-                where = join(result.dst, str(info.rejects_file))
+                where = redact_url(str(join(result.dst, str(info.rejects_file))))
                 click.echo(f"  rejected {plural(info.rejects_total, 'file')} ({reasons}): see {where}")
         else:
             click.echo("  no file rejected")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -119,8 +120,8 @@ class _Stderr:
 
     libjpeg-turbo decodes a JPEG whose data ends early or holds stray bytes, and writes
     ``Corrupt JPEG data: premature end of data segment`` to the process's stderr, naming no file.
-    Around a decode, fd 2 points at an in-memory file of this process (five system calls, a few
-    microseconds); what libjpeg wrote there goes to :func:`decode`'s ``on_damage``,
+    Around a decode in the main thread, fd 2 points at an in-memory file of this process (five
+    system calls, a few microseconds); what libjpeg wrote there goes to :func:`decode`'s ``on_damage``,
     which names the sample, and anything else (another thread's output in that moment) back to stderr.
     """
 
@@ -140,6 +141,34 @@ class _Stderr:
                     self.file = os.dup(f.fileno())
             self.pid = os.getpid()
         return self.file
+
+    @contextmanager
+    def caught(self) -> Iterator[bool]:
+        """Point fd 2 at this process's in-memory file for the block; yields whether it did.
+
+        Only the main thread catches: fd 2 is the process's, and two threads swapping it (the device
+        decoder's pool) could leave stderr pointing here for good. Another thread's decode, or a
+        process without a usable fd 2 or out of descriptors, decodes as before, libjpeg's line on stderr.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield False
+            return
+        try:
+            stderr = os.dup(2)  # whatever stderr is now (pytest's capture, a redirection...)
+        except OSError:
+            yield False
+            return
+        try:
+            os.dup2(self.open(), 2)
+        except OSError:
+            os.close(stderr)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            os.dup2(stderr, 2)
+            os.close(stderr)
 
     def said(self) -> list[str]:
         """What was written since the last call: libjpeg's lines (the rest goes back to stderr)."""
@@ -187,21 +216,16 @@ def decode(
     if (too_costly := _too_costly(data)) is not None:
         raise CorruptImageError.for_sample(key, shard, too_costly)
     if ext in _LIBJPEG_FORMATS and _decode_jpeg is not None:
-        stderr = os.dup(2)  # whatever stderr is now (pytest's capture, a redirection...)
-        os.dup2(_STDERR.open(), 2)
-        try:
-            image = _decode_jpeg(data)
-        except (RuntimeError, ValueError):
-            pass  # refused by libjpeg (rare: truncated, empty, exotic); Pillow has the last word
-        else:
-            os.dup2(stderr, 2)
-            if said := _STDERR.said():
+        with _STDERR.caught() as caught:
+            try:
+                image = _decode_jpeg(data)
+            except (RuntimeError, ValueError):
+                image = None  # refused by libjpeg (rare: truncated, empty, exotic); Pillow has the last word
+        said = _STDERR.said() if caught else []  # of bytes it refused too: Pillow's error then says why
+        if image is not None:
+            if said:
                 _damaged(key, shard, "; ".join(said), on_damage)
             return image
-        finally:
-            os.dup2(stderr, 2)
-            os.close(stderr)
-        _STDERR.said()  # what libjpeg said of bytes it refused: Pillow's error says why
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()

@@ -146,3 +146,14 @@ def test_a_password_recorded_in_an_index_is_not_printed(remote_packed, tmp_path)
     assert result.exit_code == 0, _everything(result)
     assert PASSWORD not in result.output
     assert json.loads(result.output)["splits"]["train"]["pack"]["source"] == "https://user:****@host/photos"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_dry_run_into_a_url_prints_no_password(tiny_tree, as_json):
+    """``pack --dry-run`` makes no request: what it prints names the destination, without the password."""
+    dst = f"http://user:{PASSWORD}@127.0.0.1:9/ds"
+    args = ["pack", str(tiny_tree), dst, "--dry-run", *(["--json"] if as_json else [])]
+    result = CliRunner().invoke(cli, args)
+    output = _everything(result)
+    assert result.exit_code == 0, output
+    assert "127.0.0.1:9/ds" in output and PASSWORD not in output, output
