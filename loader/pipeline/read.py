@@ -217,11 +217,20 @@ class Resumed:
         deque(islice(ordered, skip), maxlen=0)  # the samples delivered before: placeholders, not read
         self._reading = True
         segments = self._runs.segments
+        unreadable: set[int] = set()  # shards whose sample left here could not be read: not tried again
         for item in ordered:
             if type(item) is tuple:  # in the shuffle buffer at the resume point: read it alone
                 k, i = item
-                one = Segment(segments[k].shard, i, i + 1)
-                yield from self._runs.run(one, one=True)  # nothing (a lost sample, counted) if damaged
+                shard = segments[k].shard
+                if shard in unreadable:
+                    self._runs.on_lost(1)  # as its run would count it
+                    continue
+                got = False
+                for sample in self._runs.run(Segment(shard, i, i + 1), one=True):
+                    got = True
+                    yield sample
+                if not got:  # damaged (a lost sample, counted) or unreadable (warned about once)
+                    unreadable.add(shard)
             else:
                 yield item  # type: ignore[misc]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from imgshards.converter.errors import ImgshardsError, ShardFormatError
-from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource
+from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource, open_regular
 from imgshards.converter.tarsamples import SampleReader, TarSample, sample_problem
 from imgshards.converter.tarstream import TarStream
 
@@ -121,10 +121,23 @@ def source_path(sample: Mapping[str, Any]) -> str | None:
     return path if isinstance(path, str) and path.isprintable() and 0 < len(path) <= _MAX_PATH else None
 
 
+_MEMBER_LOOKS = 64
+_member_looks = 0
+
+
 def _member(path: str, key: str, ext: str) -> bytes | None:
-    """Member ``key.ext`` of the local shard at ``path`` (the one tar parser, stepping over the rest)."""
+    """Member ``key.ext`` of the local shard at ``path`` (the one tar parser, stepping over the rest).
+
+    Opened as a regular file only (a FIFO swapped in would block a plain ``open``); each look walks
+    the shard from its start, so a process looks at most ``_MEMBER_LOOKS`` times (a badly damaged
+    shard's messages then name the key alone).
+    """
+    global _member_looks
+    if _member_looks >= _MEMBER_LOOKS:
+        return None
+    _member_looks += 1
     try:
-        with open(path, "rb", buffering=_READ_BUFFER) as f:
+        with open_regular(path) as f:
             end = f.seek(0, os.SEEK_END)
             f.seek(0)
             reader = SampleReader(TarStream(f, end=end), only=(ext,), max_read=_MAX_JSON)
