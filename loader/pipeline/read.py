@@ -2,10 +2,13 @@
 
 :mod:`.passes` wires them, then the decode and batch stages of :mod:`imgshards.loader.stages`::
 
-    elastic.plan (partition.worker_plan) -> read_runs -> shuffle.worker_order (interleave -> buffer_shuffle)
-        -> batched (skip delivered, make up lost samples) -> stages (decode -> transform -> collate)
+    elastic.plan (partition.worker_plan) -> RunReader.runs -> order.worker_order (interleave ->
+        buffer_shuffle) -> batched (make up lost samples) -> stages (decode -> transform -> collate)
 
-Everything here handles raw bytes, so shuffling and resume skipping never decode. The per-batch
+A resumed pass wraps the runs in :class:`Resumed`: the same order over placeholders up to the
+resume point, then only the samples still to come are read. :func:`read_runs` (the runs of whole
+segments) serves :func:`read_elsewhere` and callers outside a pass. Everything here handles raw
+bytes, so shuffling and resume skipping never decode. The per-batch
 augmentation seed (:func:`augment_seed`, :func:`seeded`) is shared by the workers and the device path.
 """
 
