@@ -34,7 +34,6 @@ and its source path: a map-style dataset cannot skip an index its sampler has ch
 from __future__ import annotations
 
 import io
-import json
 import operator
 import os
 from collections import OrderedDict
@@ -46,7 +45,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from imgshards.converter.errors import ShardFormatError
-from imgshards.converter.labels import MAX_LABEL_BYTES, label_value
+from imgshards.converter.labels import label_value
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path
 from imgshards.converter.manifest import IMAGE_EXTENSIONS, ShardInfo, SplitInfo, read_manifest
 from imgshards.converter.offsets import BLOCK, decode_offsets
@@ -56,6 +55,7 @@ from imgshards.converter.tarstream import TarStream
 from ..errors import ConfigError, CorruptImageError, ShardReadError
 from ..image.decode import pil_image
 from ..remote import ShardSource
+from .reader import source_path
 
 __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder"]
 
@@ -293,7 +293,7 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
     ) -> CorruptImageError:
         """The error for damaged sample ``i``: its shard and source path (from its ``.json``), what to do."""
         where = f"shard {shard.name}"
-        source = _source_path(parts.get("json") if parts else None)
+        source = source_path({"json": parts.get("json")} if parts else {})
         if source is not None:
             where += f", packed from {shown(source)}"
         return CorruptImageError(
@@ -329,14 +329,3 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             if got != count:
                 raise self._damaged(first + got, shard, None, f"is missing: the shard holds {got} of {count}")
         return targets
-
-
-def _source_path(data: bytes | None) -> str | None:
-    """The source path a sample's ``.json`` names (what ``pack`` writes), if it holds one."""
-    if data is None or len(data) > MAX_LABEL_BYTES:
-        return None
-    try:
-        path = json.loads(data).get("path")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    return path if isinstance(path, str) else None
