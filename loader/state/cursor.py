@@ -67,7 +67,13 @@ _RANKS = _POOL + _POOL_BUFFERS * _MAX_WORKER_SLOTS  # the rank and world size th
 _LATEST = _RANKS + 2  # the latest pass: (token, number, epoch) in one int64, read and written whole
 _SET_AT = _LATEST + 1  # the number of the latest pass when the record was last set (seek)
 _JOINED = _SET_AT + 1  # per worker slot: the latest pass (as in _LATEST) that worker took part in
-_SIZE = _JOINED + _MAX_WORKER_SLOTS
+# The passes a plain DataLoader's workers began lately, by number modulo _RECENT: each as in _LATEST,
+# then its resume point, leg count and legs. A persistent worker that begins pass k late (after a
+# quicker one began pass k+1: a peek, then at once another pass) joins pass k from here.
+_RECENT = 8
+_ENTRY = 3 + 3 * MAX_LEGS
+_RING = _JOINED + _MAX_WORKER_SLOTS
+_SIZE = _RING + _RECENT * _ENTRY
 # _LATEST's fields: a worker's token of its DataLoader pass, the pass number, the pass's epoch.
 _TOKEN_BITS, _NUMBER_BITS, _EPOCH_BITS = 16, 16, 31
 # The last epoch a pass may read: a pass's record holds the epoch after it too.
@@ -156,16 +162,22 @@ class EpochCursor:
 
         Workers of one pass that begin it at the same moment write the same values (each computes
         them from the same latest pass), and the latest pass is one ``int64``, read and written whole.
+        A worker looks its token up among the last ``_RECENT`` passes, not only the latest: a
+        persistent worker may begin pass k after a quicker one began pass k+1 (a peek, then at once
+        another pass), and it joins pass k.
         """
         while True:  # a consistent view: the latest pass, unchanged while the rest is read
             latest = int(self._t[_LATEST])
             fresh = int(self._t[_SET_AT]) == _number(latest)
             if int(self._t[_LATEST]) == latest:
                 break
-        joined = int(self._t[_JOINED + slot % _MAX_WORKER_SLOTS]) if slot is not None else None
-        if token is not None and _token(latest) == token % (1 << _TOKEN_BITS) and joined != latest:
-            self._t[_JOINED + slot % _MAX_WORKER_SLOTS] = latest  # type: ignore[operator]
-            return self.pass_state()
+        if token is not None and slot is not None:
+            joined = int(self._t[_JOINED + slot % _MAX_WORKER_SLOTS])
+            found = self._recent(token % (1 << _TOKEN_BITS), after=joined)
+            if found is not None:
+                packed, state = found
+                self._t[_JOINED + slot % _MAX_WORKER_SLOTS] = packed
+                return state
         legs: tuple[tuple[int, int, int], ...] = ()
         if restored is not None:
             epoch, resume = restored, 0
@@ -180,10 +192,36 @@ class EpochCursor:
             self._t[_PASS + 2 : _PASS + 2 + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
         self._t[_RESUME] = resume
         begun = _pack(token or 0, _number(latest) + 1, epoch)
+        at = _RING + (_number(begun) % _RECENT) * _ENTRY
+        self._t[at + 1] = resume
+        self._t[at + 2] = len(legs)
+        if legs:
+            self._t[at + 3 : at + 3 + 3 * len(legs)] = torch.tensor([x for leg in legs for x in leg])
+        self._t[at] = begun  # after its fields: a worker that finds it reads them as written
         self._t[_LATEST] = begun  # last: a worker that sees it reads the pass written above
         if slot is not None:
             self._t[_JOINED + slot % _MAX_WORKER_SLOTS] = begun
         return epoch, legs, resume
+
+    def _recent(
+        self, token: int, *, after: int
+    ) -> tuple[int, tuple[int, tuple[tuple[int, int, int], ...], int]] | None:
+        """The first recent pass of ``token`` begun after the pass ``after`` (packed), with its state."""
+        best: tuple[int, int] | None = None  # (how far after ``after``, entry offset)
+        for i in range(_RECENT):
+            at = _RING + i * _ENTRY
+            packed = int(self._t[at])
+            if not packed or _token(packed) != token:
+                continue
+            ahead = (_number(packed) - _number(after)) % (1 << _NUMBER_BITS) if after else 1
+            if 0 < ahead < 1 << (_NUMBER_BITS - 1) and (best is None or ahead < best[0]):
+                best = (ahead, at)
+        if best is None:
+            return None
+        at = best[1]
+        packed = int(self._t[at])
+        legs = self._read_legs(at + 2)
+        return packed, (_epoch(packed), legs, int(self._t[at + 1]))
 
     def deliver(self) -> int:
         """Count one more batch handed over (an interrupted pass resumes after it); return the count."""

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from imgshards.loader import ConfigError, ShardDataset, make_loader
+from imgshards.loader.state.cursor import SharedControl
 
 IDENTITY = torch.nn.Identity()
 
@@ -199,3 +200,15 @@ def test_a_transform_of_varying_sizes_is_named_as_such_and_a_non_tensor_too(pack
         next(iter(make_loader(dataset(packed_many, transform=varying), num_workers=0)))
     with pytest.raises(ConfigError, match=r"image tensors \[C, H, W\], but the transform returned a list"):
         next(iter(make_loader(dataset(packed_many, transform=lambda img: [img]), num_workers=0)))
+
+
+def test_a_persistent_worker_late_for_a_pass_joins_it_though_another_began_the_next():
+    """A peek, then at once another pass: worker 0 begins both before worker 1 begins the first."""
+    cursor = SharedControl().cursor
+    first = cursor.plain_pass(token=101, slot=0)
+    second = cursor.plain_pass(token=202, slot=0)
+    assert (first[0], second[0]) == (0, 1)
+    assert cursor.plain_pass(token=101, slot=1) == first  # late for pass 0: it joins pass 0
+    assert cursor.plain_pass(token=202, slot=1) == second
+    assert cursor.plain_pass(token=303, slot=1)[0] == 2  # and the next pass is epoch 2 for both
+    assert cursor.plain_pass(token=303, slot=0)[0] == 2
