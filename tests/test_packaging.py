@@ -99,6 +99,12 @@ SHARED_WITH_THE_LOADER = {
     "imgshards.converter.formats",
     # Where a dataset is: a path or a URL, its index.json (ShardDataset takes what the CLI takes).
     "imgshards.converter.locate",
+    # The tables of image formats and storage protocols, one each for both halves (issue 39).
+    "imgshards.converter.imageformats",
+    "imgshards.converter.protocols",
+    # A split's label reader and its table of sample starts (ImageFolder's random access).
+    "imgshards.converter.labels",
+    "imgshards.converter.offsets",
 }
 
 

@@ -32,7 +32,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from imgshards.converter import protocols
+from imgshards.converter.protocols import Version as VersionCheck
+from imgshards.converter.protocols import for_fs
 
 from ..errors import ShardAccessError
 from .ranges import AnswerTooSlow, RangesIgnored, WholeStream
@@ -244,9 +245,9 @@ def _precondition_failed(error: BaseException) -> bool:
 
 
 # The reader of each way to pin a version (the protocol table's Version).
-_READERS: dict[protocols.Version, type[RemoteObject]] = {
-    protocols.Version.ANSWER_HEADERS: _HttpObject,
-    protocols.Version.IF_MATCH: _S3Object,
+_READERS: dict[VersionCheck, type[RemoteObject]] = {
+    VersionCheck.ANSWER_HEADERS: _HttpObject,
+    VersionCheck.IF_MATCH: _S3Object,
 }
 
 
@@ -260,7 +261,7 @@ def remote_object(fs: Any, path: str, name: str, size: int, deadline: Deadline |
 
     Which reader is the :attr:`~imgshards.converter.protocols.Protocol.version` of ``fs``'s protocol.
     """
-    protocol = protocols.for_fs(fs)
+    protocol = for_fs(fs)
     kind = _READERS.get(protocol.version, RemoteObject) if protocol is not None else RemoteObject
     if not kind.serves(fs):
         kind = RemoteObject
