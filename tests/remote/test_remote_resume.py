@@ -15,8 +15,10 @@ import math
 import tarfile
 from itertools import islice
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from imgshards.converter import read_manifest
 from imgshards.loader import ShardDataset, ShardSource, make_loader, preset
@@ -28,12 +30,21 @@ TRANSFORM = preset("eval", size=64)  # no randomness: an image's pixels name it
 
 
 @pytest.fixture(scope="module")
-def packed_epoch(tree_factory, packed_factory):
-    """400 ImageNet-size images (about 100 KB each) in about 10 shards."""
-    root = packed_factory(
-        tree_factory(classes=8, per_class=50, profile="imagenet", seed=7), max_samples=40
-    )  # by count: the fallback trees' smooth JPEGs (no ../shared) are a fraction of the photos' size
-    assert len(read_manifest(root).split("train").shards) >= 8
+def packed_epoch(tmp_path_factory, packed_factory):
+    """400 JPEGs of ImageNet's file size (about 100 KB each: noise compresses little), 40 a shard.
+
+    Made here, not cut from ../shared's photos: the smooth fallback JPEGs of a clone without them
+    are a few KB, where the ranged reader's 16 KiB pieces, not the samples, would be what is counted.
+    """
+    rng = np.random.default_rng(7)
+    src = tmp_path_factory.mktemp("noise") / "src"
+    for c in range(8):
+        (src / f"n{c:08d}").mkdir(parents=True)
+        for i in range(50):
+            pixels = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(src / f"n{c:08d}" / f"{i:04d}.JPEG", quality=85)
+    root = packed_factory(src, max_samples=40)
+    assert len(read_manifest(root).split("train").shards) == 10
     return root
 
 
