@@ -73,11 +73,13 @@ _MAX_MAPS = 32
 # Pages of a map more than _KEEP_BEHIND bytes behind its reader are handed back to the page cache
 # (MADV_DONTNEED) every _DROP_EVERY bytes read, and all of them once its run ends: a view still held
 # faults its pages back in from the cache. Without it every page a worker read stayed in its
-# resident set while the map lived (file-backed memory 86 -> 746 MB in a minute, issue 37). 32 MiB
-# behind is ~300 images of 100 KB of that run: a shuffle buffer's images are mostly more recent, so
-# few of them fault again (and a map keeps at most 64 MiB resident).
-_KEEP_BEHIND = 32 << 20
-_DROP_EVERY = 32 << 20
+# resident set for the whole pass (file-backed memory 86 -> 746 MB in a minute, issue 37). A shuffle
+# buffer's views reach about its bytes behind the reader (2,000 images of 100 KB: 200 MB), so 32 MiB
+# behind made them fault again: 2-3% more CPU an image on ImageNet-like shards (bench/loader.py
+# --against 1bc048c). So a shard of the default 256 MB keeps its pages until its run ends, and only
+# a shard of more than 1 GiB gives them back as it goes.
+_KEEP_BEHIND = 1 << 30
+_DROP_EVERY = 256 << 20
 _maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # the process's live maps of shards
 
 
