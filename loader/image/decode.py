@@ -227,12 +227,23 @@ def decode(
                 _damaged(key, shard, "; ".join(said), on_damage)
             return image
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            array = np.array(_as_packed(im, orientation(im)))
+        array = np.array(_pillow(data, ext))
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def _pillow(data: bytes | bytearray | memoryview, ext: str) -> Image.Image:
+    """Decode ``data`` with Pillow, as RGB the way pack would have stored it (:func:`_as_packed`), upright.
+
+    The one Pillow decode of :func:`decode` (every format but a JPEG libjpeg-turbo took) and
+    :func:`pil_image`; it raises what Pillow raises (``_DECODE_ERRORS``), the callers say it their way.
+    """
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()  # the pixels, read before the file closes
+        # A JPEG without an Exif segment has no orientation: getexif() would cost 0.2 ms to say so.
+        turn = 1 if ext in _LIBJPEG_FORMATS and "exif" not in im.info else orientation(im)
+        return _as_packed(im, turn)
 
 
 def _as_packed(im: Image.Image, turn: int) -> Image.Image:
@@ -272,11 +283,7 @@ def pil_image(data: bytes | bytearray | memoryview, ext: str) -> Image.Image:
     if (too_costly := _too_costly(data)) is not None:
         raise ValueError(too_costly)
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()  # the pixels, read before the file closes
-            # A JPEG without an Exif segment has no orientation: getexif() would cost 0.2 ms to say so.
-            turn = 1 if ext in _LIBJPEG_FORMATS and "exif" not in im.info else orientation(im)
-            return _as_packed(im, turn)
+        return _pillow(data, ext)
     except _DECODE_ERRORS as e:
         raise ValueError(f"{type(e).__name__}: {e}") from None
 
