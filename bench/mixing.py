@@ -30,7 +30,7 @@ from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
 from imgshards.loader import ShardDataset, passes
 from imgshards.loader.epoch.position import PassPosition
-from imgshards.loader.pipeline.read import batched
+from imgshards.loader.pipeline.runs import batched
 
 LAYOUTS = [(1, 1), (1, 4), (2, 2), (4, 2)]
 FIRST = 5

@@ -43,7 +43,7 @@ import numpy as np
 
 from imgshards.converter import PackConfig, pack, read_manifest, scan_tree
 from imgshards.loader.epoch.order import interleave
-from imgshards.loader.pipeline.reader import read_run
+from imgshards.loader.pipeline.tar import read_run
 from imgshards.loader.remote.source import ShardSource
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")

@@ -59,7 +59,7 @@ def layout(loader: Path) -> tuple[int, int, int]:
 
 
 class Modules:
-    """A frame's file as ``loader/pipeline/read.py`` or ``webdataset/filters.py``; None if not ours.
+    """A frame's file as ``loader/pipeline/runs.py`` or ``webdataset/filters.py``; None if not ours.
 
     Ours: imgshards' three folders (each a link under ``site/imgshards`` in a checkout, so compared
     by real path) and webdataset.

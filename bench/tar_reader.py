@@ -7,7 +7,8 @@ Run by hand (not in CI), on shards ``imgshards pack`` wrote:
     imgshards pack /tmp/inet /tmp/inet-packed --shard-size 32MB
     python bench/tar_reader.py /tmp/inet-packed [--against e8eb196] [--rounds 9]
 
-``--against REF``'s tar reader (``loader/pipeline/reader.py``, ``loader/reader.py`` before issue 32)
+``--against REF``'s tar reader (``loader/pipeline/tar.py``;
+``loader/pipeline/reader.py`` before issue 39, ``loader/reader.py`` before issue 32)
 is taken from git (``git show``) and imported beside this tree's reader, which reads through the
 converter's one tar parser (``converter/tarstream.py``).
 Both read the same shards, the files read once before timing so both read from the page cache,
@@ -37,20 +38,24 @@ from types import ModuleType
 
 from imgshards.converter import read_manifest
 from imgshards.converter.tarstream import TarStream
-from imgshards.loader.pipeline import reader as new_reader
+from imgshards.loader.pipeline import tar as new_reader
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def old_reader(ref: str, where: Path) -> ModuleType:
-    # Named inside the package it was in, so that its relative imports (``from ..errors import``) resolve.
-    at, package = "loader/pipeline/reader.py", "imgshards.loader.pipeline"
-    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{at}"], capture_output=True, text=True)
-    if shown.returncode != 0:  # a REF from before issue 32
-        at, package = "loader/reader.py", "imgshards.loader"
+    # Where the tar reader was (since issue 39, before it, before issue 32), named inside the package
+    # it was in, so that its relative imports (``from ..errors import``) resolve.
+    for at, package in (  # noqa: B007 (the pair found is used after the loop)
+        ("loader/pipeline/tar.py", "imgshards.loader.pipeline"),
+        ("loader/pipeline/reader.py", "imgshards.loader.pipeline"),
+        ("loader/reader.py", "imgshards.loader"),
+    ):
         shown = subprocess.run(
             ["git", "-C", str(ROOT), "show", f"{ref}:{at}"], capture_output=True, text=True
         )
+        if shown.returncode == 0:
+            break
     shown.check_returncode()
     path = where / "old_reader.py"
     path.write_text(shown.stdout)

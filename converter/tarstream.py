@@ -83,7 +83,7 @@ class TarStream:
         """The current member's data, all of it, read once (the stream moves past its padding).
 
         What ``f.read`` returns: ``bytes`` from a file, a ``memoryview`` for a large member of the
-        loader's mapped shards (``imgshards.loader.pipeline.read.MappedShard``).
+        loader's mapped shards (``imgshards.loader.pipeline.runs.MappedShard``).
         """
         size = self._size
         if self._left != size + (-size % BLOCK):

@@ -40,7 +40,7 @@ from .image.presets import (
 )
 from .mix import MixedDataset
 from .pipeline import passes
-from .pipeline.batch import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
+from .pipeline.collate import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
 from .pipeline.imagefolder import ImageFolder
 from .pipeline.offload import DecodeOn
 from .remote import RetryPolicy, ShardSource

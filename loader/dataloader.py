@@ -26,7 +26,7 @@ from imgshards.converter.errors import ImgshardsError
 from .dataset import PassDataset
 from .device.decoding import DeviceDecoder
 from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, WorkerError
-from .pipeline.batch import Batch, pool_token
+from .pipeline.collate import Batch, pool_token
 from .pipeline.offload import DecodeOn
 from .remote.cache import end_with
 from .state.checkpoint import ResumeState

@@ -26,12 +26,12 @@ from .epoch.position import PassPosition
 from .errors import ConfigError, ShardReadError, check_choice
 from .image.pil_input import user_transform
 from .image.presets import PRESETS, Transform, preset
-from .pipeline.batch import Batch, BufferPool
 from .pipeline.batches import Batches
+from .pipeline.collate import Batch, BufferPool
 from .pipeline.offload import DecodeOn, RawBatch
 from .pipeline.passes import ImageSettings, ReadSettings, raw_pass, raw_samples, worker_pass
-from .pipeline.reader import RawSample
 from .pipeline.steps import NO_CLOCK, NoClock, StepClock, StepTimes
+from .pipeline.tar import RawSample
 from .remote import ShardSource
 from .remote.ranges import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
@@ -162,7 +162,7 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         return self._control.kept_buffer(token)
 
     def forget_buffers(self) -> None:
-        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.batch`)."""
+        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.collate`)."""
         self._control.forget_buffers()
 
     def counters(self, worker: int) -> Counters:

@@ -27,7 +27,7 @@ from webdataset.filters import pipelinefilter
 from .errors import ConfigError, CorruptImageError
 from .image.presets import Transform
 from .pipeline.batches import IMAGE, LABEL, Sample, Stage, apply, decode_one, transform_one
-from .pipeline.reader import RawSample
+from .pipeline.tar import RawSample
 
 __all__ = [
     "IMAGE",

@@ -30,7 +30,7 @@ from imgshards.converter.validate import MAX_SHARD_BYTES, check_name
 from imgshards.converter.verify import check_shard_stream
 from imgshards.loader import CorruptImageError, ShardDataset
 from imgshards.loader.image.decode import decode
-from imgshards.loader.pipeline.reader import read_run
+from imgshards.loader.pipeline.tar import read_run
 
 SEED = 12
 CASES = 300

@@ -270,9 +270,9 @@ def test_every_import_counts(tmp_path, monkeypatch):
             "loader/pipeline/__init__.py": "",
             "loader/pipeline/passes.py": (
                 "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..decode import decode\n"
-                "from . import read\nfrom .. import stages\n"
+                "from . import runs\nfrom .. import stages\n"
             ),
-            "loader/pipeline/read.py": "import imgshards.loader.epoch.order\nfrom . import helper\n",
+            "loader/pipeline/runs.py": "import imgshards.loader.epoch.order\nfrom . import helper\n",
             "loader/epoch/__init__.py": "",
             "loader/epoch/order.py": "",
             "loader/decode.py": "",
@@ -285,8 +285,8 @@ def test_every_import_counts(tmp_path, monkeypatch):
         "dataset": {"pipeline", "pipeline.passes"},  # `from .pkg import mod`: the package, the module
         "stages": {"dataset"},  # deferred
         "pipeline": set(),
-        "pipeline.passes": {"decode", "pipeline.read", "stages"},  # TYPE_CHECKING; own package left out
-        "pipeline.read": {"epoch", "epoch.order", "pipeline"},  # `helper` is no module: a name of pipeline
+        "pipeline.passes": {"decode", "pipeline.runs", "stages"},  # TYPE_CHECKING; own package left out
+        "pipeline.runs": {"epoch", "epoch.order", "pipeline"},  # `helper` is no module: a name of pipeline
         "epoch": set(),
         "epoch.order": set(),
         "decode": set(),
@@ -364,8 +364,16 @@ def _one_letter_apart(a: str, b: str) -> bool:
     return any(b[:i] + b[i + 1 :] == a for i in range(len(b)))
 
 
-def test_no_two_loader_modules_one_letter_apart():
-    # `stream` (HTTP ranges) beside `streams` (CUDA streams) reads as one thing twice.
+def _named_alike(a: str, b: str) -> bool:
+    """One word twice: one letter apart (``stream``/``streams``), a plural in ``-es``, or a verb and its
+    ``-er`` (``read``/``reader``, ``decode``/``decoder``)."""
+    short, long = sorted((a, b), key=len)
+    return _one_letter_apart(a, b) or long in (short + "es", short + "er", short + "r")
+
+
+def test_no_two_loader_modules_named_alike():
+    # `stream` (HTTP ranges) beside `streams` (CUDA streams), or `read` (a pass's runs) beside
+    # `reader` (the tar reader), reads as one thing twice at a folder's edge (issue 39).
     loader = ROOT / "loader"
     names: dict[str, list[str]] = {}
     for path in sorted(loader.rglob("*")):
@@ -378,9 +386,9 @@ def test_no_two_loader_modules_one_letter_apart():
     wrong = [
         f"{', '.join(names[a])}  ~  {', '.join(names[b])}"
         for a, b in combinations(sorted(names), 2)
-        if _one_letter_apart(a, b)
+        if _named_alike(a, b)
     ]
-    assert not wrong, "loader modules whose names differ by one letter:\n" + "\n".join(wrong)
+    assert not wrong, "loader modules named as one word (singular/plural, verb/-er):\n" + "\n".join(wrong)
 
 
 def test_one_letter_apart():
@@ -390,6 +398,15 @@ def test_one_letter_apart():
     assert _one_letter_apart("read", "bread")
     assert not _one_letter_apart("read", "reader")
     assert not _one_letter_apart("order", "order")
+
+
+def test_named_alike():
+    assert _named_alike("batch", "batches")
+    assert _named_alike("reader", "read")
+    assert _named_alike("decode", "decoder")
+    assert _named_alike("stream", "streams")
+    assert not _named_alike("runs", "tar")
+    assert not _named_alike("decode", "decoding")  # a verb and its act: one concern, said two ways
 
 
 def test_the_loader_top_level_stays_small():
@@ -428,29 +445,6 @@ IMAGE_SPELLINGS = frozenset(
 )
 DEFAULT_FORMAT = "jpg"  # the default format's name, spelled where a default is given
 FORMAT_TABLE = ROOT / "converter" / "imageformats.py"
-
-
-def _docstrings(tree: ast.AST) -> set[int]:
-    """The ids of the string constants that are a module's, class's or function's docstring."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = node.body[0] if node.body else None
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                found.add(id(first.value))
-    # A string alone on a line after an assignment documents the name (Sphinx's attribute docstring).
-    for node in ast.walk(tree):
-        for field in ("body", "orelse", "finalbody"):
-            body = getattr(node, field, None)
-            if isinstance(body, list):
-                for before, after in pairwise(body):
-                    if (
-                        isinstance(before, (ast.Assign, ast.AnnAssign))
-                        and isinstance(after, ast.Expr)
-                        and isinstance(after.value, ast.Constant)
-                    ):
-                        found.add(id(after.value))
-    return found
 
 
 def extension_literals(path: Path) -> list[tuple[int, str]]:

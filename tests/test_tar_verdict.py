@@ -26,7 +26,7 @@ from imgshards.converter.errors import UnreadableSamplesError
 from imgshards.converter.shardscan import scan_shard
 from imgshards.converter.tarstream import MAX_EXTENDED_HEADER
 from imgshards.converter.verify import check_shard_stream
-from imgshards.loader.pipeline.reader import read_run
+from imgshards.loader.pipeline.tar import read_run
 
 JPG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3 + b"\xff\xd9"  # never decoded here: bytes to carry
 

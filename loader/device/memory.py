@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..pipeline.batch import Batch
+from ..pipeline.collate import Batch
 from .augment import canvas_bytes
 
 __all__ = ["LARGE", "LARGE_SEGMENT", "SMALL", "SMALL_SEGMENT", "Memory", "bound", "rounded"]

@@ -3,10 +3,10 @@
 - :mod:`.passes`: :class:`~.passes.ReadSettings`, :class:`~.passes.ImageSettings`,
   :func:`~.passes.raw_pass` (plan, read, order, cut, raw stages) and :func:`~.passes.worker_pass`
   (decode, image stages, collate; or offload).
-- :mod:`.read`: reading the runs of a plan's shards, cutting them into batches, the per-batch seed.
-- :mod:`.reader`: the tar reader, a run of a shard to raw samples (through the converter's tar parser).
+- :mod:`.runs`: reading the runs of a plan's shards, cutting them into batches, the per-batch seed.
+- :mod:`.tar`: the tar reader, a run of a shard to raw samples (through the converter's tar parser).
 - :mod:`.batches`: the batch steps, plain generators over ``(k, [samples])``.
-- :mod:`.batch`: :class:`~.batch.Batch`, the collate into reused shared-memory buffers, ``to_device``.
+- :mod:`.collate`: :class:`~.collate.Batch`, the collate into reused shared-memory buffers, ``to_device``.
 - :mod:`.offload`: ``decode_on``'s :class:`~.offload.RawBatch`, a batch's bytes for the training process.
 - :mod:`.imagefolder`: :class:`~.imagefolder.ImageFolder`, a packed split as a map-style dataset
   (torchvision's ``ImageFolder``): one sample read at its offset, through the same tar parser.

@@ -1,7 +1,7 @@
 """The batch steps of a pass, plain generators over ``(k, [samples])``: batch ``k`` of a worker's plan.
 
 :func:`~.passes.worker_pass` chains them; the public stages (:mod:`imgshards.loader.stages`) reuse the
-sample helpers here. A batch is cut from the raw sequence (:func:`.read.batched`) before any user
+sample helpers here. A batch is cut from the raw sequence (:func:`.runs.batched`) before any user
 stage runs, so a filter cannot move batch boundaries: resume stays exact, and in train mode
 :func:`each` makes up what a filter dropped (repeating the batch's, or the worker's latest, kept
 samples), so every rank keeps ``len()`` batches. In eval mode the dropped samples are counted, not
@@ -24,11 +24,11 @@ from ..errors import ConfigError, CorruptImageError, ImageShapeError
 from ..image.decode import decode as decode_image
 from ..image.presets import Transform
 from ..image.scaled import ScaledDecoder, scaled_decoder
-from .batch import Batch, BatchRows, BufferPool, SentBatch, collate
+from .collate import Batch, BatchRows, BufferPool, SentBatch, collate
 from .offload import RawBatch, raw_batch
-from .read import seeded
-from .reader import image_member, sample_shard, source_path
+from .runs import seeded
 from .steps import AUGMENT, COLLATE, DECODE, NoClock, StepClock
+from .tar import image_member, sample_shard, source_path
 
 __all__ = [
     "IMAGE",

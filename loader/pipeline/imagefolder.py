@@ -55,7 +55,7 @@ from imgshards.converter.tarstream import TarStream
 from ..errors import ConfigError, CorruptImageError, ShardReadError
 from ..image.decode import pil_image
 from ..remote import ShardSource
-from .reader import source_path
+from .tar import source_path
 
 __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .batch import IMAGENET_MEAN, IMAGENET_STD, refuse_default_collate
-from .reader import image_member, sample_shard
+from .collate import IMAGENET_MEAN, IMAGENET_STD, refuse_default_collate
+from .tar import image_member, sample_shard
 
 __all__ = ["DecodeOn", "RawBatch", "raw_batch"]
 

@@ -28,12 +28,12 @@ from ..errors import CorruptImageError, ShardReadError
 from ..image.presets import Transform
 from ..remote import ShardSource
 from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters
-from .batch import Batch, BatchRows, BufferPool, SentBatch
 from .batches import Batches, Stage, collate_batches, decode_batches, each, offload_batches
+from .collate import Batch, BatchRows, BufferPool, SentBatch
 from .offload import RawBatch
-from .read import Resumed, RunReader, batched, read_elsewhere
-from .reader import RawSample
+from .runs import Resumed, RunReader, batched, read_elsewhere
 from .steps import NO_CLOCK, READ, NoClock, StepClock
+from .tar import RawSample
 
 __all__ = ["ImageSettings", "ReadSettings", "raw_pass", "raw_samples", "worker_pass"]
 
@@ -179,7 +179,7 @@ def _read(
     """The plan's samples from batch ``at.first`` on, read (one run a segment), in the worker's order.
 
     A resumed pass (``at.first > 0``) runs the same order on placeholders up to the samples of its
-    first batch, and reads from there on only (:class:`~.read.Resumed`).
+    first batch, and reads from there on only (:class:`~.runs.Resumed`).
     """
 
     def on_truncated(message: str) -> None:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ResumeError
-from ..pipeline.batch import BufferPool, forget_buffers, keep_buffer, kept_buffer
+from ..pipeline.collate import BufferPool, forget_buffers, keep_buffer, kept_buffer
 
 __all__ = [
     "CORRUPT",

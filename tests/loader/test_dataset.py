@@ -23,7 +23,7 @@ from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
 from imgshards.loader.epoch.position import PassPosition
-from imgshards.loader.pipeline.batch import pool_token
+from imgshards.loader.pipeline.collate import pool_token
 
 IDENTITY = torch.nn.Identity()
 
@@ -444,7 +444,7 @@ def test_spawned_workers_give_the_same_batches(packed_many, lookup_many):
 
 
 def test_a_dropped_dataset_unmaps_the_buffers_kept_for_its_workers(packed_many):
-    from imgshards.loader.pipeline import batch as batches
+    from imgshards.loader.pipeline import collate as batches
 
     ds = dataset(packed_many, batch_size=4)
     loader = make_loader(ds, num_workers=2, persistent_workers=True)

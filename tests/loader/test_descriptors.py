@@ -27,7 +27,7 @@ import torch
 
 from imgshards.converter import read_manifest
 from imgshards.loader import ResourceLimitError, ShardDataset, make_loader
-from imgshards.loader.pipeline import read as read_stage
+from imgshards.loader.pipeline import runs as read_stage
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 

@@ -20,8 +20,8 @@ import webdataset as wds
 from imgshards.converter import read_manifest
 from imgshards.loader import ShardDataset, make_loader
 from imgshards.loader.epoch.position import PassPosition
-from imgshards.loader.pipeline import read as read_stage
-from imgshards.loader.pipeline.read import MappedShard, read_runs
+from imgshards.loader.pipeline import runs as read_stage
+from imgshards.loader.pipeline.runs import MappedShard, read_runs
 from imgshards.loader.remote import ShardSource
 
 

@@ -19,7 +19,7 @@ from imgshards.converter import ManifestError, read_manifest
 from imgshards.converter.manifest import split_member_name
 from imgshards.converter.offsets import decode_offsets, encode_offsets
 from imgshards.loader import ShardDataset
-from imgshards.loader.pipeline.reader import read_run
+from imgshards.loader.pipeline.tar import read_run
 
 
 @pytest.fixture(scope="module")

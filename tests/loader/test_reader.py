@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from imgshards.converter.manifest import read_manifest
-from imgshards.loader.pipeline.reader import read_run
+from imgshards.loader.pipeline.tar import read_run
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from imgshards.loader import (
     ShardReadError,
     make_loader,
 )
-from imgshards.loader.pipeline.reader import read_run
+from imgshards.loader.pipeline.tar import read_run
 
 
 @pytest.fixture

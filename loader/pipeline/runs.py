@@ -35,7 +35,7 @@ from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
 from ..errors import CorruptImageError, ResourceLimitError, ShardAccessError, ShardReadError
 from ..remote import ShardSource
-from .reader import RawSample, read_run
+from .tar import RawSample, read_run
 
 __all__ = [
     "Pending",
