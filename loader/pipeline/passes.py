@@ -21,7 +21,7 @@ from typing import Any
 from imgshards.converter.manifest import SplitInfo
 
 from ..epoch import elastic, partition
-from ..epoch.order import worker_order
+from ..epoch.order import resumed_order, worker_order
 from ..epoch.position import PassPosition
 from ..epoch.seeds import augment_seed, user_seed
 from ..errors import CorruptImageError, ShardReadError
@@ -178,7 +178,7 @@ def _read(
 ) -> Iterator[RawSample]:
     """The plan's samples from batch ``at.first`` on, read (one run a segment), in the worker's order.
 
-    A resumed pass (``at.first > 0``) runs the same order on placeholders up to the samples of its
+    A resumed pass (``at.first > 0``) replays the same order on numbers up to the samples of its
     first batch, and reads from there on only (:class:`~.runs.Resumed`).
     """
 
@@ -209,7 +209,7 @@ def _read(
     if not skip:
         return worker_order(reader.runs(), sizes, s.layout.order, **where)
     resumed = Resumed(reader)
-    return resumed.samples(worker_order(resumed.runs(), sizes, s.layout.order, **where), skip)
+    return resumed.samples(resumed_order(resumed.open_run, sizes, s.layout.order, skip=skip, **where))
 
 
 def _on_corrupt(on_error: str, counters: Counters) -> Callable[[CorruptImageError], None] | None:

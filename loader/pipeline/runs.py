@@ -5,8 +5,8 @@
     elastic.plan (partition.worker_plan) -> RunReader.runs -> order.worker_order (interleave ->
         buffer_shuffle) -> batched (make up lost samples) -> stages (decode -> transform -> collate)
 
-A resumed pass wraps the runs in :class:`Resumed`: the same order over placeholders up to the
-resume point, then only the samples still to come are read. :func:`read_runs` (the runs of whole
+A resumed pass reads through :class:`Resumed`: the order up to the resume point replayed on
+numbers alone, then only the samples still to come read. :func:`read_runs` (the runs of whole
 segments) serves :func:`read_elsewhere` and callers outside a pass. Everything here handles raw
 bytes, so shuffling and resume skipping never decode. The per-batch
 augmentation seed (:func:`augment_seed`, :func:`seeded`) is shared by the workers and the device path.
@@ -31,6 +31,7 @@ import torch
 from imgshards.converter.locate import redact_url
 from imgshards.converter.manifest import ShardInfo, SplitInfo
 
+from ..epoch.order import Pending
 from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
 from ..errors import CorruptImageError, ResourceLimitError, ShardAccessError, ShardReadError
@@ -38,7 +39,6 @@ from ..remote import ShardSource
 from .tar import RawSample, read_run
 
 __all__ = [
-    "Pending",
     "Resumed",
     "RunReader",
     "augment_seed",
@@ -177,21 +177,16 @@ class RunReader:
         return _accounted(run, expected, self.on_lost, self.on_unreadable)
 
 
-# A sample of a resumed pass not read (yet): (number of its segment, index in its shard).
-Pending = tuple[int, int]
-
-
 class Resumed:
     """The runs of a pass resumed after ``skip`` samples, which reads no byte of those it skips.
 
-    The runs first give :data:`Pending` placeholders instead of samples: put through the worker's
-    order (the very :func:`~..epoch.order.worker_order` of a fresh pass) they come out in the order
-    the samples would, at the cost of arithmetic. :meth:`samples` drops the ``skip`` first ones (the
-    samples delivered before the resume) and switches the runs to reading: each then opens its
-    shard at its next sample (the index's offset: a seek), and the placeholders still in the
-    shuffle buffer at that point are read one by one at their offsets. So a resume at the end of
-    an epoch reads the samples left in it, not the epoch (issue 37), and the batches are those of
-    the pass it resumes.
+    The worker's order up to the resume point is replayed on numbers alone
+    (:func:`~..epoch.order.resumed_order`, the very order of :func:`~..epoch.order.worker_order`),
+    then each run still to be read opens its shard at its next sample (the index's offset: a seek),
+    and the samples that were in the shuffle buffer at that point come as
+    :data:`~..epoch.order.Pending` pairs, read one by one at their offsets (:meth:`samples`). So a
+    resume at the end of an epoch reads the samples left in it, not the epoch (issue 37), and the
+    batches are those of the pass it resumes.
 
     Damage in the skipped part: the pass being resumed drew its order from the runs as they were
     read, and a damaged shard's run ended early, while the replay's runs have their planned
@@ -202,42 +197,44 @@ class Resumed:
 
     def __init__(self, runs: RunReader) -> None:
         self._runs = runs
-        self._reading = False
 
-    def runs(self) -> list[Iterator[RawSample | Pending]]:
-        """One run a segment: placeholders until :meth:`samples` has skipped, then samples."""
-        return [self._run(k, seg) for k, seg in enumerate(self._runs.segments)]
+    def open_run(self, k: int, j: int) -> Iterator[RawSample]:
+        """Segment ``k``'s run from its item ``j`` on (its samples but those it skips, in order)."""
+        seg = self._runs.segments[k]
+        return self._runs.run(seg, _index(seg, j))
 
-    def _run(self, k: int, seg: Segment) -> Iterator[RawSample | Pending]:
-        skip = seg.skip
-        for i in range(seg.start, seg.stop):
-            if self._reading:
-                yield from self._runs.run(seg, i)  # from sample i on, less the segment's skip
-                return
-            if not skip or i not in skip:
-                yield k, i
-
-    def samples(self, ordered: Iterator[RawSample | Pending], skip: int) -> Iterator[RawSample]:
-        """``ordered`` (the runs in the worker's order) from its item ``skip`` on, every one read."""
-        deque(islice(ordered, skip), maxlen=0)  # the samples delivered before: placeholders, not read
-        self._reading = True
+    def samples(self, ordered: Iterator[RawSample | Pending]) -> Iterator[RawSample]:
+        """``ordered`` (a :func:`~..epoch.order.resumed_order`), its pending items read one by one."""
         segments = self._runs.segments
         unreadable: set[int] = set()  # shards whose sample left here could not be read: not tried again
         for item in ordered:
             if type(item) is tuple:  # in the shuffle buffer at the resume point: read it alone
-                k, i = item
-                shard = segments[k].shard
-                if shard in unreadable:
+                k, j = item
+                seg = segments[k]
+                if seg.shard in unreadable:
                     self._runs.on_lost(1)  # as its run would count it
                     continue
+                i = _index(seg, j)
                 got = False
-                for sample in self._runs.run(Segment(shard, i, i + 1), one=True):
+                for sample in self._runs.run(Segment(seg.shard, i, i + 1), one=True):
                     got = True
                     yield sample
                 if not got:  # damaged (a lost sample, counted) or unreadable (warned about once)
-                    unreadable.add(shard)
+                    unreadable.add(seg.shard)
             else:
                 yield item  # type: ignore[misc]
+
+
+def _index(seg: Segment, j: int) -> int:
+    """The shard index of item ``j`` of ``seg``'s run (its samples but those it skips); ``stop`` past them."""
+    if not seg.skip:
+        return seg.start + j
+    for i in range(seg.start, seg.stop):
+        if i not in seg.skip:
+            if not j:
+                return i
+            j -= 1
+    return seg.stop
 
 
 def _opener(

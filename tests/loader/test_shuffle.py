@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imgshards.loader.epoch.order import buffer_shuffle, interleave, worker_rng
+from imgshards.loader.epoch import order as order_module
+from imgshards.loader.epoch.order import (
+    Order,
+    buffer_shuffle,
+    interleave,
+    resumed_order,
+    worker_order,
+    worker_rng,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -65,3 +74,60 @@ def test_worker_rngs_differ_by_every_coordinate():
         for worker in (0, 1)
     }
     assert len(draws) == 16
+
+
+def _resumed_matches(sizes: list[int], order: Order, skip: int, *, worker: int = 0) -> None:
+    """``resumed_order`` from ``skip`` is ``worker_order``'s rest, item by item; no run opens before it."""
+    runs = [[(k, j) for j in range(n)] for k, n in enumerate(sizes)]
+    where = dict(epoch=3, rank=1, worker=worker, leg=0)
+    whole = list(worker_order(runs, sizes, order, **where))
+    opened: list[tuple[int, int]] = []
+
+    def open_run(k: int, j: int) -> list[tuple[str, int, int]]:
+        opened.append((k, j))
+        return [("read", *item) for item in runs[k][j:]]
+
+    rest = list(resumed_order(open_run, sizes, order, skip=skip, **where))
+    # A run's item comes as read from its run, or as (k, j), a pending item the caller reads alone.
+    assert [item[1:] if item[0] == "read" else item for item in rest] == whole[skip:]
+    delivered = set(whole[:skip])
+    for k, j in opened:  # no run opens at an item it would only skip
+        assert all((k, i) not in delivered for i in range(j, sizes[k]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=70),
+    st.integers(0, 2**32),
+    st.booleans(),
+    st.sampled_from([0, 1, 2, 3, 7, 64, 2000]),
+    st.integers(0, 120),
+    st.floats(0, 1.05),
+)
+def test_a_resumed_order_is_the_rest_of_the_order(sizes, seed, shuffle, buffer, initial, at):
+    order = Order(seed=seed, shuffle=shuffle, buffer=buffer, initial=initial)
+    _resumed_matches(sizes, order, int(at * sum(sizes)))
+
+
+def test_a_resumed_order_is_the_rest_of_a_long_order():
+    # Past 4,096 items each stage draws new blocks of random numbers from the one generator: the
+    # replay must draw them in the order the generators do.
+    sizes = [700] * 37 + [0, 13]
+    order = Order(seed=5, shuffle=True, buffer=2000, initial=100)
+    for skip in (0, 1, 4095, 4096, 4097, 9000, 20_000, 25_000, sum(sizes) - 1, sum(sizes), sum(sizes) + 3):
+        _resumed_matches(sizes, order, skip, worker=1)
+    # A full buffer of 4,097 holds 4,096: the merge's and the shuffle's blocks then run out at the
+    # same step, and the merge draws first.
+    _resumed_matches(sizes, Order(seed=5, shuffle=True, buffer=4097, initial=100), 25_000)
+
+
+@pytest.mark.parametrize("buffers", [1, 3, 30])
+def test_a_resumed_order_keeps_few_steps_and_still_matches(monkeypatch, buffers):
+    # The replay keeps the items of its last full-buffer steps only; with a tail of 1 or 3 buffers
+    # some slot was last written before it (the replay starts over keeping all), with 30 none was.
+    monkeypatch.setattr(order_module, "_KEPT_STEPS", 0)
+    monkeypatch.setattr(order_module, "_KEPT_BUFFERS", buffers)
+    sizes = [300] * 40
+    order = Order(seed=11, shuffle=True, buffer=64, initial=10)
+    for skip in (0, 5000, 11_000, sum(sizes) - 30, sum(sizes)):
+        _resumed_matches(sizes, order, skip)
