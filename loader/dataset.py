@@ -29,7 +29,7 @@ from .epoch.position import Leg, PassPosition
 from .errors import ConfigError, check_choice
 from .image.pil_input import user_transform
 from .image.presets import PRESETS, Transform, preset
-from .pipeline.collate import Batch
+from .pipeline.collate import Batch, BufferPool
 from .pipeline.offload import DecodeOn, RawBatch
 from .pipeline.passes import ImageSettings, ReadSettings, raw_samples, worker_pass
 from .pipeline.spec import Part, Spec
@@ -359,7 +359,7 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         """Where this process's pass starts (:meth:`.state.progress.EpochProgress.begin_pass`)."""
         return self._progress.begin_pass()
 
-    def worker_batches(self, at: PassPosition, *, pool: Any = None) -> Iterator[Any]:
+    def worker_batches(self, at: PassPosition, *, pool: BufferPool | None = None) -> Iterator[Any]:
         """The batches the worker of ``at`` makes in its pass, from batch ``at.first`` on.
 
         In a DataLoader worker ``pool`` holds its batch buffers in shared memory.
