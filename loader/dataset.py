@@ -96,8 +96,11 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
                 f"{kind}.epoch is read-only: call set_epoch({value!r}) (or the loader's) to read that epoch"
             )
         if name in self._arguments:
-            shown = repr(value)
-            shown = shown if "\n" not in shown and len(shown) <= 40 else "..."
+            # A number or a short string as given (a URL's password hidden); anything else (a transform,
+            # storage options that may hold credentials) as "...".
+            shown = repr(redact_url(value) if isinstance(value, str) else value)
+            if not isinstance(value, (bool, int, float, str)) or len(shown) > 40:
+                shown = "..."
             return (
                 f"{kind}.{name} cannot be set: settings are fixed when the dataset is made (its order, "
                 f"batches and resume checks follow from them); make a new one: {kind}(..., {name}={shown})"

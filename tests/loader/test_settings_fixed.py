@@ -97,6 +97,9 @@ def test_every_setting_is_refused_in_one_line_naming_the_way_to_change_it(make):
     # A value whose repr spans lines (a torchvision Compose) is not printed.
     assert refused(ds, "transform", TRIED["transform"]).endswith(f"{kind}(..., transform=...)")
     assert refused(ds, "shuffle_buffer", 5).endswith(f"{kind}(..., shuffle_buffer=5)")
+    # Nothing secret in the line: storage options are not shown, a URL's password is hidden.
+    assert refused(ds, "storage_options", {"secret": "hunter2"}).endswith("storage_options=...)")
+    assert "hunter2" not in refused(ds, "cache_dir", "s3://me:hunter2@bucket/c")
     for name in DERIVED:
         assert "read-only" in refused(ds, name, 5), name
     assert "set_epoch(2)" in refused(ds, "epoch", 2)
