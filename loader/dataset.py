@@ -1,42 +1,46 @@
 """``ShardDataset``: an ``IterableDataset`` over a packed split that yields whole batches.
 
-:class:`PassDataset` is what every dataset of the loader shares (a :class:`~.mix.MixedDataset`
-too): the epoch, shared with the DataLoader workers (:mod:`.state`), and a pass, which starts from
-where the epoch stands and runs :func:`.pipeline.passes.worker_pass` on the dataset's frozen
-settings. :class:`ShardDataset` reads one split: its settings are fixed once, in ``__init__``.
+A dataset is two things: a frozen :class:`~.pipeline.spec.Spec` of what it reads (its parts, how
+images are made, ``max_lost``, ``decode_on``), fixed in ``__init__``, and an
+:class:`~.state.progress.EpochProgress`, its epoch shared with the DataLoader workers (the cursor,
+the ranks, the counters, torchdata's state). :class:`PassDataset` holds the two (a
+:class:`~.mix.MixedDataset` too): a pass starts from where the epoch stands and runs
+:func:`.pipeline.passes.worker_pass` on the spec's raw batches. Every setting a user reads is a view
+of the spec; setting one after the dataset is made is an error, not a silent change.
+:class:`ShardDataset` reads one split: a spec of one part.
 """
 
 from __future__ import annotations
 
-import math
+import inspect
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path, redact_url
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from .epoch import elastic, partition
-from .epoch.position import PassPosition
-from .errors import ConfigError, ShardReadError, check_choice
+from .epoch.position import Leg, PassPosition
+from .errors import ConfigError, check_choice
 from .image.pil_input import user_transform
 from .image.presets import PRESETS, Transform, preset
-from .pipeline.batches import Batches
 from .pipeline.collate import Batch, BufferPool
 from .pipeline.offload import DecodeOn, RawBatch
-from .pipeline.passes import ImageSettings, ReadSettings, raw_pass, raw_samples, worker_pass
-from .pipeline.steps import NO_CLOCK, NoClock, StepClock, StepTimes
+from .pipeline.passes import ImageSettings, ReadSettings, raw_samples, worker_pass
+from .pipeline.spec import Part, Spec
+from .pipeline.steps import NO_CLOCK, StepTimes
 from .pipeline.tar import RawSample
 from .remote import ShardSource
 from .remote.ranges import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
-from .state.checkpoint import EpochState, shards_digest
-from .state.cursor import Counters, SharedControl
+from .state.checkpoint import shards_digest
+from .state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters, EpochCursor
+from .state.progress import EpochProgress, allowed_lost
 from .state.ranks import settle_ranks
 
 __all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "PassDataset", "ShardDataset", "allowed_lost"]
@@ -47,64 +51,194 @@ MODES: tuple[str, ...] = get_args(Mode)
 ON_ERROR: tuple[str, ...] = get_args(OnError)
 DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 
-
-def allowed_lost(max_lost: float, planned: int) -> int:
-    """The samples a pass that planned ``planned`` may lose: ``floor(max_lost x planned)``, exactly.
-
-    ``max_lost`` counts as the decimal it is written as: ``max_lost=0.29`` of 100 samples allows 29,
-    where the float product ``0.29 * 100`` is 28.999999999999996.
-    """
-    return math.floor(Fraction(str(max_lost)) * planned)
+# Not settings: set by a ShardLoader (it begins each pass) and by a profiler (imgshards.loader.profiling).
+_SETTABLE = frozenset({"loader_passes", "step_times"})
 
 
-class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
+class PassDataset(IterableDataset[Batch | RawBatch]):
     """An epoch of batches, shared with the DataLoader workers, and the pass each of them runs.
 
-    A subclass sets its settings (:attr:`image_settings`, the attributes :class:`EpochState` reads) and
-    says how a pass gets its raw batches (:meth:`_raw`), how many batches a leg has
-    (:meth:`leg_batches`) and how many samples a rank's pass plans (:meth:`rank_samples`).
+    It holds a frozen :class:`~.pipeline.spec.Spec` (what to read, how to make images) and an
+    :class:`~.state.progress.EpochProgress` (where the epoch is); every setting is a read-only view of
+    the spec: settings are fixed when the dataset is made.
     """
 
-    image_settings: ImageSettings
-    split: str
-    mode: Mode
-    batch_size: int
-    seed: int
-    num_samples: int
-    max_lost: float
-    decode_on: DecodeOn | None
+    # The names of the maker's arguments: setting one afterwards is refused, naming the way to make a new one.
+    _arguments: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, rank: int | None, world_size: int | None) -> None:
+    def __init__(self, spec: Spec, rank: int | None, world_size: int | None) -> None:
         super().__init__()
-        # Checked now for an early error, but settled as each pass starts (see .state.ranks).
-        settle_ranks(rank, world_size)
-        self._asked = (rank, world_size)
-        # Shared with the DataLoader workers, persistent ones included (they hold a copy of this
-        # object made once, at their start): the epoch and the resume point are read from here at
-        # the start of every pass, and each worker adds up what it skipped in its own slots.
-        self._control = SharedControl()
-        self._pool: BufferPool | None = None  # made in each worker process, on its first batch
-        # This process's pass, for state_dict() (``first``: the batches made); and a place loaded by
-        # load_state_dict() that the next pass of this process starts from.
-        self._progress = PassPosition()
-        self._pending: PassPosition | None = None
-        # Set by a ShardLoader: it begins each pass in the training process. Else (a plain DataLoader)
-        # the workers settle each pass among themselves; _passes counts this copy's passes for that.
-        self.loader_passes = False
-        self._passes = 0
+        self._spec = spec
+        self._progress = EpochProgress(spec, rank, world_size)
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
         # then each worker times its steps and counts its batches in it.
         self.step_times: StepTimes | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and name not in _SETTABLE and self._is_setting(name):
+            raise ConfigError(self._fixed(name, value))
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if not name.startswith("_") and name not in _SETTABLE and self._is_setting(name):
+            raise ConfigError(self._fixed(name, None))
+        super().__delattr__(name)
+
+    @classmethod
+    def _is_setting(cls, name: str) -> bool:
+        return name in cls._arguments or isinstance(inspect.getattr_static(cls, name, None), property)
+
+    def _fixed(self, name: str, value: Any) -> str:
+        """The one line refusing to set ``name`` after the dataset is made."""
+        kind = type(self).__name__
+        if name == "epoch":
+            return (
+                f"{kind}.epoch is read-only: call set_epoch({value!r}) (or the loader's) to read that epoch"
+            )
+        if name in self._arguments:
+            # A number or a short string as given (a URL's password hidden); anything else (a transform,
+            # storage options that may hold credentials) as "...".
+            shown = repr(redact_url(value) if isinstance(value, str) else value)
+            if not isinstance(value, (bool, int, float, str)) or len(shown) > 40:
+                shown = "..."
+            return (
+                f"{kind}.{name} cannot be set: settings are fixed when the dataset is made (its order, "
+                f"batches and resume checks follow from them); make a new one: {kind}(..., {name}={shown})"
+            )
+        return (
+            f"{kind}.{name} is read-only: it follows from the data and the settings, which are fixed when "
+            f"the dataset is made; make a new {kind}(...) to change them"
+        )
+
+    @property
+    def loader_passes(self) -> bool:
+        """Whether a :class:`~imgshards.loader.ShardLoader` begins each pass (it sets this).
+
+        Else the workers of a plain ``DataLoader`` settle each pass among themselves.
+        """
+        return self._progress.loader_passes
+
+    @loader_passes.setter
+    def loader_passes(self, value: bool) -> None:
+        self._progress.loader_passes = value
+
+    # ---- the settings: views of the spec ------------------------------------------------------
+
+    @property
+    def split(self) -> str:
+        """The split read."""
+        return self._spec.split
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        return self._spec.batch_size
+
+    @property
+    def mode(self) -> Mode:
+        """``"train"`` or ``"eval"``."""
+        return self._spec.mode  # type: ignore[return-value]
+
+    @property
+    def seed(self) -> int:
+        """Seed of every random choice."""
+        return self._spec.seed
+
+    @property
+    def max_lost(self) -> float:
+        """The share of its samples a rank's pass may lose to truncated or unreadable shards."""
+        return self._spec.max_lost
+
+    @property
+    def decode_on(self) -> DecodeOn | None:
+        """Where the training process decodes (``None``: the workers do)."""
+        return self._spec.decode_on
+
+    @property
+    def num_samples(self) -> int:
+        """Samples of the data (``len()`` counts batches)."""
+        return self._spec.num_samples
+
+    @property
+    def shards_digest(self) -> str:
+        """Which data a resume state is of (:func:`~.state.checkpoint.shards_digest`)."""
+        return self._spec.shards_digest
+
+    @property
+    def image_settings(self) -> ImageSettings:
+        """How a pass makes batches of its raw samples."""
+        return self._spec.image
+
     @property
     def transform(self) -> Transform:
         """The transform each image goes through (a preset, or the caller's)."""
-        return self.image_settings.transform
+        return self._spec.image.transform
 
     @property
     def on_error(self) -> str:
         """``"skip"`` (drop, count and warn) or ``"raise"``."""
-        return self.image_settings.on_error
+        return self._spec.image.on_error
+
+    @property
+    def raw_stages(self) -> tuple[Stage, ...]:
+        """The user's stages on raw samples."""
+        return self._spec.parts[0].read.raw_stages
+
+    @property
+    def image_stages(self) -> tuple[Stage, ...]:
+        """The user's stages on decoded images."""
+        return self._spec.image.image_stages
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names, as ``torchvision.datasets.ImageFolder.classes``: a label is a position here."""
+        return list(self._spec.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as ``ImageFolder.class_to_idx``."""
+        return {name: i for i, name in enumerate(self._spec.classes)}
+
+    @property
+    def dropped_per_epoch(self) -> int:
+        """Samples no rank sees in one epoch (0 in eval mode; see the class docstring)."""
+        rank, world_size = self._progress.ranks()
+        return self._spec.dropped(self.epoch, self.cursor.legs, rank, world_size)
+
+    # ---- the epoch: views of its progress -------------------------------------------------------
+
+    @property
+    def cursor(self) -> EpochCursor:
+        """Where the epoch is (the one record, shared with the workers)."""
+        return self._progress.cursor
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass reads (or the one being read)."""
+        return self._progress.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass read epoch ``epoch`` from its start; the same as :meth:`ShardLoader.set_epoch`.
+
+        Setting the epoch the next pass reads anyway keeps where it starts: a state just loaded
+        (``load_state_dict`` then ``set_epoch`` with the saved epoch, as a loop calling it every
+        epoch does) still resumes mid-epoch.
+        """
+        self._progress.set_epoch(epoch)
+
+    @property
+    def rank(self) -> int:
+        """The rank of this process, as settled when the current pass started (or now, if none has)."""
+        return self._progress.ranks()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, as settled when the current pass started (or now, if none has)."""
+        return self._progress.ranks()[1]
+
+    def settle_ranks(self) -> tuple[int, int]:
+        """Settle rank and world size now (:func:`.state.ranks.settle_ranks`), recorded for the workers."""
+        return self._progress.settle_ranks()
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch, for any number of DataLoader workers.
@@ -114,15 +248,26 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         ``len(dataset)``, so ``len(loader)`` is right in every trainer. :attr:`num_samples` counts
         samples. After an elastic resume it counts the epoch's batches delivered before it too.
         """
-        return sum(k for _, _, k in self.cursor.legs) + self.leg_batches()
+        return self._progress.rank_batches()
 
     def leg_batches(self) -> int:
         """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
-        raise NotImplementedError
+        return self._progress.leg_batches()
+
+    def batches_in_leg(self, epoch: int, legs: tuple[Leg, ...], world_size: int) -> int:
+        """The most batches a rank yields in ``epoch``'s leg after ``legs`` at ``world_size`` ranks.
+
+        What a saved state's batch counts are checked against (:meth:`.state.checkpoint.ResumeState.decode`).
+        """
+        return self._spec.batches_in_leg(epoch, legs, world_size)
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
-        raise NotImplementedError
+        return self._progress.rank_samples()
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The settings that fix the order of this dataset's epochs, but for the topology (the spec's)."""
+        return self._spec.resume_settings()
 
     def check_lost(self, epoch: int, lost: int) -> None:
         """Raise :class:`ShardReadError` if this rank's pass of ``epoch`` lost more than ``max_lost`` allows.
@@ -134,49 +279,88 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         operation: a rank that raises ends a ``torchrun`` or Lightning job (the launcher stops the
         other ranks), where a collective would leave them waiting on it if it never got there.
         """
-        planned = self.rank_samples()
-        if lost and (lost > allowed_lost(self.max_lost, planned) or lost >= planned):
-            roots = self._roots()
-            verify = " and ".join(f"`imgshards verify {redact_url(str(root))}`" for root in roots)
-            raise ShardReadError(
-                f"epoch {epoch}: rank {self.rank} lost {lost} of its {planned} sample(s) of split "
-                f"{self.split!r} at {', '.join(redact_url(str(r)) for r in roots)} to truncated or "
-                f"unreadable shards, more than max_lost={self.max_lost:g} allows: run {verify} to name them "
-                "and repack or replace them (or raise max_lost)"
-            )
+        self._progress.check_lost(epoch, lost)
 
-    def _roots(self) -> list[Path | str]:
-        """Where the data is."""
-        raise NotImplementedError
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process's pass is: the epoch and the batches it made (torchdata ``Stateful``).
 
-    def _sources(self) -> list[ShardSource]:
-        """What the pass reads from (settled as it ends: downloads reach the cache)."""
-        raise NotImplementedError
+        Called by ``torchdata.stateful_dataloader.StatefulDataLoader`` in each worker after each
+        batch; :meth:`load_state_dict` in a new worker continues from there without decoding what
+        it skips. With :func:`~imgshards.loader.make_loader`, save ``loader.state_dict()`` instead.
+        """
+        return self._progress.state_dict()
 
-    def release(self, token: int, storage: torch.UntypedStorage) -> None:
-        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
-        self._control.release(token, storage)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make this process's next pass continue the pass ``state`` describes (torchdata ``Stateful``).
 
-    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
-        """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
-        return self._control.kept_buffer(token)
+        Raises:
+            ResumeError: ``state`` is not a dataset state, or comes from other settings, world size
+                or worker count.
 
-    def forget_buffers(self) -> None:
-        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.collate`)."""
-        self._control.forget_buffers()
+        """
+        self._progress.load_state_dict(state)
+
+    # ---- counters -------------------------------------------------------------------------------
+
+    @property
+    def corrupt_skipped(self) -> int:
+        """Images skipped because they did not decode, over all passes so far (all workers)."""
+        return self._progress.total(CORRUPT)
+
+    @property
+    def truncated_shards(self) -> int:
+        """Reads of a shard that ended before its index said it would, over all passes so far."""
+        return self._progress.total(TRUNCATED)
+
+    @property
+    def unreadable_shards(self) -> int:
+        """Times a remote shard was skipped because it could not be read, over all passes so far."""
+        return self._progress.total(UNREADABLE)
+
+    @property
+    def lost_samples(self) -> int:
+        """Planned samples that damaged or unreadable shards did not give, over all passes so far.
+
+        In train mode they were made up by repeating others; in eval mode they are missing.
+        """
+        return self._progress.total(LOST)
+
+    @property
+    def filtered_samples(self) -> int:
+        """Samples the user's stages dropped, over all passes so far (all workers).
+
+        In train mode the raw stages' drops were made up by repeating kept samples (a batch keeps
+        its size); in eval mode they are missing from the pass, as are the image stages' drops.
+        """
+        return self._progress.total(FILTERED)
 
     def counters(self, worker: int) -> Counters:
         """The counters of process ``worker``, a handle its pass counts in."""
-        return self._control.counters(worker)
+        return self._progress.counters(worker)
+
+    # ---- batch buffers ----------------------------------------------------------------------------
+
+    def release(self, token: int, storage: torch.UntypedStorage) -> None:
+        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
+        self._progress.release(token, storage)
+
+    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
+        """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
+        return self._progress.kept_buffer(token)
+
+    def forget_buffers(self) -> None:
+        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.collate`)."""
+        self._progress.forget_buffers()
 
     # ---- a pass -----------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch | RawBatch]:
         at = self.begin_pass()
-        info = get_worker_info()
-        if info is not None and self._pool is None:
-            self._pool = self._control.pool(info.id)  # made in each worker process, on its first pass
-        return self.worker_batches(at, pool=self._pool if info is not None else None)
+        return self.worker_batches(at, pool=self._progress.pool())
+
+    def begin_pass(self) -> PassPosition:
+        """Where this process's pass starts (:meth:`.state.progress.EpochProgress.begin_pass`)."""
+        return self._progress.begin_pass()
 
     def worker_batches(self, at: PassPosition, *, pool: BufferPool | None = None) -> Iterator[Any]:
         """The batches the worker of ``at`` makes in its pass, from batch ``at.first`` on.
@@ -185,62 +369,9 @@ class PassDataset(EpochState, IterableDataset[Batch | RawBatch]):
         """
         clock = NO_CLOCK if self.step_times is None else self.step_times.clock()
         counters = self.counters(at.worker)
-        raw = self._raw(at, counters, clock)
-        return self._recorded(worker_pass(self.image_settings, raw, at, counters, pool=pool, clock=clock), at)
-
-    def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        """``(k, raw samples)`` of the pass of ``at``, the user's raw stages run."""
-        raise NotImplementedError
-
-    def _recorded(self, batches: Iterator[Any], at: PassPosition) -> Iterator[Any]:
-        """``batches``, with where this process's pass is recorded for :meth:`state_dict` as each goes."""
-        for k, batch in enumerate(batches, at.first):  # batch k of the worker's plan
-            self._progress = at.at(k + 1)
-            yield batch
-        # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
-        for source in self._sources():
-            source.settle()
-
-    def begin_pass(self) -> PassPosition:
-        """Where this process's pass starts, read when a DataLoader starts it (or a torchdata restore).
-
-        Under a :class:`~imgshards.loader.ShardLoader`, the pass it began (:meth:`.state.cursor.
-        EpochCursor.pass_state`), as the pass began, not as it is now: the main process may have
-        moved it on. Under a plain ``DataLoader`` the workers settle the pass among themselves
-        (:meth:`.state.cursor.EpochCursor.plain_pass`): every pass a whole one, the next epoch
-        unless ``set_epoch`` said otherwise since the latest pass began.
-        """
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        # Settled here in the training process; a worker reads what it recorded.
-        rank, world_size = self._pass_ranks()
-        if self._pending is not None:  # a torchdata restore: this worker's own place, as saved
-            at, self._pending = self._pending, None
-            if not self.loader_passes:
-                self._plain_pass(info, restored=at.epoch)  # the restored pass is this DataLoader's pass
-            at = PassPosition(at.epoch, at.legs, at.first, worker, num_workers, rank, world_size)
-        else:
-            epoch, legs, resume = self.cursor.pass_state() if self.loader_passes else self._plain_pass(info)
-            # DataLoader asks worker 0 first on every pass, but after `resume` batches the next one is
-            # worker `resume % num_workers`'s: each process plays the worker whose turn it would be.
-            role = partition.resumed_worker(worker, resume, num_workers)
-            first = partition.delivered_by_worker(resume, num_workers)[role]
-            at = PassPosition(epoch, legs, first, role, num_workers, rank, world_size)
-        self._progress = at
-        return at
-
-    def _plain_pass(
-        self, info: Any, restored: int | None = None
-    ) -> tuple[int, tuple[tuple[int, int, int], ...], int]:
-        """The pass of a plain DataLoader this process starts now (see :meth:`.EpochCursor.plain_pass`)."""
-        self._passes += 1
-        if info is None:  # the training process: each __iter__ is a pass of its own
-            return self.cursor.plain_pass(None, None, restored)
-        # One value for every worker of a DataLoader pass: DataLoader's base seed (drawn anew for
-        # each iterator; a worker's seed is it plus the worker id) and this copy's passes (persistent
-        # workers keep their copy, so it counts their passes; new workers copy the training process's).
-        token = hash((info.seed - info.id, self._passes)) & 0xFFFF
-        return self.cursor.plain_pass(token, info.id, restored)
+        raw = self._spec.raw(at, counters, clock)
+        batches = worker_pass(self._spec.image, raw, at, counters, pool=pool, clock=clock)
+        return self._progress.recorded(batches, at)
 
 
 class ShardDataset(PassDataset):
@@ -363,173 +494,116 @@ class ShardDataset(PassDataset):
         raw_stages: Sequence[Stage] | None = None,
         image_stages: Sequence[Stage] | None = None,
     ) -> None:
-        super().__init__(rank, world_size)
-        check_choice("mode", mode, MODES)
-        check_choice("on_error", on_error, ON_ERROR)
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
-        if seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {seed}")
-        if drop_last and mode == "eval":
-            raise ConfigError("drop_last applies to mode='train' only: eval yields every sample exactly once")
-        if not 0 <= max_lost <= 1:
-            raise ConfigError(f"max_lost is a share of the samples, from 0 (none) to 1 (all), got {max_lost}")
-        if shuffle_buffer < 0 or shuffle_initial < 0:
-            raise ConfigError(
-                f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
-            )
-
-        if isinstance(source, ShardSource):
-            if (
-                storage_options is not None
-                or cache_dir is not None
-                or cache_limit is not None
-                or timeout != DEFAULT_TIMEOUT
-            ):
-                raise ConfigError(
-                    "pass storage_options, cache_dir, cache_limit and timeout to the ShardSource, "
-                    "not beside it"
-                )
-            self.source = source
-        else:
-            self.source = ShardSource(
-                _dataset_dir(source),
-                storage_options=storage_options,
-                cache_dir=cache_dir,
-                cache_limit=cache_limit,
-                prefetch=prefetch,
-                timeout=timeout,
-            )
-        self.root: Path | str = self.source.root if self.source.remote else Path(self.source.root)
-        self.manifest: Manifest = read_manifest(self.root, storage_options=self.source.storage_options)
-        self.split_info: SplitInfo = self.manifest.split(split)
-        self.source.check(self.split_info.shards, split)
-
-        if transform is None:
-            transform = mode
-        if isinstance(transform, str):
-            transform = preset(transform, size=image_size)
-        elif not callable(transform):
-            raise ConfigError(f"transform must be one of {list(PRESETS)} or a callable, got {transform!r}")
-
-        self.split = split
-        self.batch_size = batch_size
-        self.mode: Mode = mode
-        self.shuffle = (mode == "train") if shuffle is None else shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.shuffle_initial = shuffle_initial
-        self.drop_last = drop_last
-        self.seed = seed
-        self.max_lost = max_lost
-        self.decode_on = DecodeOn.of(decode_on)
-        raw_stages = check_stages("raw_stages", raw_stages)
-        image_stages = check_stages("image_stages", image_stages)
-        if image_stages and self.decode_on is not None:
-            raise ConfigError(
-                "image_stages run in the workers on decoded images; with decode_on the training process "
-                "decodes: transform its batches in the training loop instead"
-            )
-        shard_samples = tuple(s.samples for s in self.split_info.shards)
-        self.num_samples = sum(shard_samples)  # samples in the split (len() counts batches)
-        self.shards_digest = shards_digest(self.split_info.shards)  # which data a resume state is of
-        self.layout = elastic.Layout(
-            shard_samples, seed, batch_size, drop_last, self.shuffle, shuffle_buffer, shuffle_initial
+        # Checked now for an early error, but settled as each pass starts (see .state.ranks).
+        settle_ranks(rank, world_size)
+        check_settings(
+            mode=mode,
+            on_error=on_error,
+            batch_size=batch_size,
+            seed=seed,
+            drop_last=drop_last,
+            max_lost=max_lost,
+            shuffle_buffer=shuffle_buffer,
+            shuffle_initial=shuffle_initial,
         )
-        # What a pass reads, and how it makes batches of it: fixed here, the same in every pass.
-        self.read_settings = ReadSettings(
-            self.split_info,
-            self.source,
-            tuple(self.manifest.classes),
-            self.layout,
-            train=mode == "train",
+        shards = open_source(
+            source,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            prefetch=prefetch,
+            timeout=timeout,
+        )
+        index = read_index(shards, split)
+        image, offload, raw_stages = image_spec(
+            transform,
+            image_size=image_size,
+            mode=mode,
+            seed=seed,
+            on_error=on_error,
+            decode_on=decode_on,
+            raw_stages=raw_stages,
+            image_stages=image_stages,
+        )
+        part = split_part(
+            shards,
+            index,
+            split=split,
+            batch_size=batch_size,
+            mode=mode,
+            shuffle=(mode == "train") if shuffle is None else shuffle,
+            shuffle_buffer=shuffle_buffer,
+            shuffle_initial=shuffle_initial,
+            drop_last=drop_last,
+            seed=seed,
             on_error=on_error,
             raw_stages=raw_stages,
-            views=not (raw_stages or image_stages),
-            where=f"split {split!r} at {redact_url(str(self.root))}",
+            views=not (raw_stages or image.image_stages),
         )
-        if self.decode_on is None:
-            # A torchvision transform written for ImageFolder (ToTensor...) gets PIL images, as there.
-            transform = user_transform(transform)
-        self.image_settings = ImageSettings(
-            transform, seed, on_error, image_stages=image_stages, offload=self.decode_on is not None
+        spec = Spec(
+            (part,),
+            image,
+            split=split,
+            batch_size=batch_size,
+            mode=mode,
+            seed=seed,
+            max_lost=max_lost,
+            decode_on=offload,
+            classes=tuple(index[1].classes),
         )
+        super().__init__(spec, rank, world_size)
+
+    # ---- what it reads: views of its one part -------------------------------------------------
 
     @property
-    def raw_stages(self) -> tuple[Stage, ...]:
-        """The user's stages on raw samples."""
-        return self.read_settings.raw_stages
+    def source(self) -> ShardSource:
+        """Where the shards are read from."""
+        return self._spec.parts[0].source
 
     @property
-    def image_stages(self) -> tuple[Stage, ...]:
-        """The user's stages on decoded images."""
-        return self.image_settings.image_stages
-
-    # ---- what an epoch holds ------------------------------------------------------------------
+    def root(self) -> Path | str:
+        """The dataset's directory (a local path) or URL."""
+        return self._spec.parts[0].root
 
     @property
-    def classes(self) -> list[str]:
-        """Class names, as ``torchvision.datasets.ImageFolder.classes``: a label is a position here."""
-        return list(self.manifest.classes)
+    def manifest(self) -> Manifest:
+        """The dataset's index."""
+        return self._spec.parts[0].manifest
 
     @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Class name to label, as ``ImageFolder.class_to_idx``."""
-        return {name: i for i, name in enumerate(self.manifest.classes)}
+    def split_info(self) -> SplitInfo:
+        """The split's shards, as the index lists them."""
+        return self._spec.parts[0].split_info
 
     @property
-    def dropped_per_epoch(self) -> int:
-        """Samples of the split no rank sees in one epoch (0 in eval mode; see the class docstring)."""
-        return partition.dropped_samples(self.num_samples, world_size=self.world_size, **self._kw())
+    def layout(self) -> elastic.Layout:
+        """What fixes a train epoch's order, besides the epoch, the ranks and the workers."""
+        return self._spec.parts[0].layout
 
-    def leg_batches(self) -> int:
-        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
-        rank, world_size = self._pass_ranks()
-        if self.mode == "eval":
-            return partition.rank_batches(self.num_samples, world_size=world_size, **self._kw())[rank]
-        return elastic.rank_batches(
-            self.layout, epoch=self.epoch, legs=self.cursor.legs, world_size=world_size
-        )
+    @property
+    def read_settings(self) -> ReadSettings:
+        """What a pass reads, in which order, cut into which batches."""
+        return self._spec.parts[0].read
 
-    def batches_in_leg(self, epoch: int, legs: tuple[elastic.Leg, ...], world_size: int) -> int:
-        """The most batches a rank yields in ``epoch``'s leg after ``legs`` at ``world_size`` ranks."""
-        if self.mode == "eval":  # eval has no legs: its ranks yield one batch apart at most
-            return max(partition.rank_batches(self.num_samples, world_size=world_size, **self._kw()))
-        return elastic.rank_batches(self.layout, epoch=epoch, legs=legs, world_size=world_size)
+    @property
+    def shuffle(self) -> bool:
+        """Whether shard order and samples are shuffled."""
+        return self.layout.shuffle
 
-    def rank_samples(self) -> int:
-        """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
-        rank, world_size = self._ranks()
-        start, stop = partition.rank_sample_range(
-            self.num_samples, rank=rank, world_size=world_size, **self._kw()
-        )
-        return stop - start
+    @property
+    def shuffle_buffer(self) -> int:
+        """Samples in each worker's shuffle buffer."""
+        return self.layout.shuffle_buffer
 
-    def resume_settings(self) -> dict[str, Any]:
-        """The settings that fix the order of this dataset's epochs, but for the topology."""
-        return {
-            "split": self.split,
-            "shards": self.shards_digest,
-            "samples": self.num_samples,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "mode": self.mode,
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "shuffle_initial": self.shuffle_initial,
-            "drop_last": self.drop_last,
-        }
+    @property
+    def shuffle_initial(self) -> int:
+        """Samples in the buffer before the first is yielded."""
+        return self.layout.shuffle_initial
 
-    def _kw(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": self.drop_last}
-
-    def _roots(self) -> list[Path | str]:
-        return [self.root]
-
-    def _sources(self) -> list[ShardSource]:
-        return [self.source]
-
-    def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        return raw_pass(self.read_settings, at, counters, clock=clock)
+    @property
+    def drop_last(self) -> bool:
+        """Whether each rank's partial last batch is dropped (train mode)."""
+        return self.layout.drop_last
 
     def raw_samples(self) -> Iterator[RawSample]:
         """The raw samples of a pass of this process starting now, every member (:func:`.stages.samples`)."""
@@ -547,6 +621,158 @@ class ShardDataset(PassDataset):
             f"batch_size={self.batch_size}, samples={self.num_samples}, rank={self.rank}/{self.world_size}, "
             f"transform={self.transform!r})"
         )
+
+
+ShardDataset._arguments = frozenset(inspect.signature(ShardDataset).parameters)
+
+
+# ---- how a dataset's spec is made (a MixedDataset makes its parts with these too) --------------
+
+
+def check_settings(
+    *,
+    mode: str,
+    on_error: str,
+    batch_size: int,
+    seed: int,
+    drop_last: bool,
+    max_lost: float,
+    shuffle_buffer: int,
+    shuffle_initial: int,
+) -> None:
+    """Raise :class:`ConfigError` for a setting out of range or not among the allowed values."""
+    check_choice("mode", mode, MODES)
+    check_choice("on_error", on_error, ON_ERROR)
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+    if seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed}")
+    if drop_last and mode == "eval":
+        raise ConfigError("drop_last applies to mode='train' only: eval yields every sample exactly once")
+    if not 0 <= max_lost <= 1:
+        raise ConfigError(f"max_lost is a share of the samples, from 0 (none) to 1 (all), got {max_lost}")
+    if shuffle_buffer < 0 or shuffle_initial < 0:
+        raise ConfigError(
+            f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
+        )
+
+
+def open_source(
+    source: str | os.PathLike[str] | ShardSource,
+    *,
+    storage_options: Mapping[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | None,
+    prefetch: int,
+    timeout: float,
+) -> ShardSource:
+    """``source`` as a :class:`ShardSource` holding the remote options (or as given, if one already)."""
+    if isinstance(source, ShardSource):
+        if (
+            storage_options is not None
+            or cache_dir is not None
+            or cache_limit is not None
+            or timeout != DEFAULT_TIMEOUT
+        ):
+            raise ConfigError(
+                "pass storage_options, cache_dir, cache_limit and timeout to the ShardSource, not beside it"
+            )
+        return source
+    return ShardSource(
+        _dataset_dir(source),
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        prefetch=prefetch,
+        timeout=timeout,
+    )
+
+
+Index = tuple[Path | str, Manifest, SplitInfo]
+
+
+def read_index(source: ShardSource, split: str) -> Index:
+    """The root, index and split ``split`` of ``source``, read once; its shards are checked to exist.
+
+    Raises:
+        ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
+
+    """
+    root: Path | str = source.root if source.remote else Path(source.root)
+    manifest = read_manifest(root, storage_options=source.storage_options)
+    split_info = manifest.split(split)
+    source.check(split_info.shards, split)
+    return root, manifest, split_info
+
+
+def image_spec(
+    transform: str | Transform | None,
+    *,
+    image_size: int,
+    mode: str,
+    seed: int,
+    on_error: str,
+    decode_on: DecodeOn | str | torch.device | None,
+    raw_stages: Sequence[Stage] | None,
+    image_stages: Sequence[Stage] | None,
+) -> tuple[ImageSettings, DecodeOn | None, tuple[Stage, ...]]:
+    """How images are made: the image settings, where they are decoded, and the checked raw stages."""
+    if transform is None:
+        transform = mode
+    if isinstance(transform, str):
+        transform = preset(transform, size=image_size)
+    elif not callable(transform):
+        raise ConfigError(f"transform must be one of {list(PRESETS)} or a callable, got {transform!r}")
+    offload = DecodeOn.of(decode_on)
+    raw = check_stages("raw_stages", raw_stages)
+    image = check_stages("image_stages", image_stages)
+    if image and offload is not None:
+        raise ConfigError(
+            "image_stages run in the workers on decoded images; with decode_on the training process "
+            "decodes: transform its batches in the training loop instead"
+        )
+    if offload is None:
+        # A torchvision transform written for ImageFolder (ToTensor...) gets PIL images, as there.
+        transform = user_transform(transform)
+    settings = ImageSettings(transform, seed, on_error, image_stages=image, offload=offload is not None)
+    return settings, offload, raw
+
+
+def split_part(
+    source: ShardSource,
+    index: Index,
+    *,
+    split: str,
+    batch_size: int,
+    mode: str,
+    shuffle: bool,
+    shuffle_buffer: int,
+    shuffle_initial: int,
+    drop_last: bool,
+    seed: int,
+    on_error: str,
+    raw_stages: tuple[Stage, ...],
+    views: bool,
+    relabel: Any = None,
+) -> Part:
+    """One packed split as a part of a spec: what a pass reads of it, in which order and batches."""
+    root, manifest, split_info = index
+    shard_samples = tuple(s.samples for s in split_info.shards)
+    layout = elastic.Layout(
+        shard_samples, seed, batch_size, drop_last, shuffle, shuffle_buffer, shuffle_initial
+    )
+    read = ReadSettings(
+        split_info,
+        source,
+        tuple(manifest.classes),
+        layout,
+        train=mode == "train",
+        on_error=on_error,
+        raw_stages=raw_stages,
+        views=views,
+        where=f"split {split!r} at {redact_url(str(root))}",
+    )
+    return Part(root, manifest, read, shards_digest(split_info.shards), relabel)
 
 
 def _dataset_dir(source: str | os.PathLike[str]) -> str | os.PathLike[str]:

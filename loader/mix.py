@@ -2,9 +2,10 @@
 
 Every batch of ``batch_size`` samples holds ``b_i`` samples of source ``i``: the batch size split in
 proportion to the weights (largest remainders, at least one sample of every source). Each source is
-a :class:`~imgshards.loader.ShardDataset` of its own with batch size ``b_i``, partitioned over ranks
-and workers like any other; a pass zips their raw batches (batch ``k`` of every source makes batch
-``k`` of the mix), shuffles each within the batch, then decodes, transforms and stacks it once.
+a part of the mix's spec (:class:`~.pipeline.spec.Part`), read with batch size ``b_i`` and
+partitioned over ranks and workers as a :class:`~imgshards.loader.ShardDataset` is; a pass zips
+their raw batches (batch ``k`` of every source makes batch ``k`` of the mix), shuffles each within
+the batch, then decodes, transforms and stacks it once (:meth:`.pipeline.spec.Spec.raw`).
 
 What holds, for ``W`` ranks:
 
@@ -26,33 +27,39 @@ is one label, whichever source a sample comes from.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from imgshards.converter.locate import redact_url
-from imgshards.converter.manifest import read_manifest
-from imgshards.converter.remotefs import DEFAULT_TIMEOUT
 
-from .dataset import DEFAULT_MAX_LOST, PassDataset, ShardDataset
-from .epoch import elastic
-from .epoch.position import PassPosition
-from .epoch.seeds import mix_rng
+from .dataset import (
+    PassDataset,
+    ShardDataset,
+    check_settings,
+    image_spec,
+    open_source,
+    read_index,
+    split_part,
+)
 from .errors import ConfigError
-from .pipeline.batches import LABEL, Batches
-from .pipeline.offload import DecodeOn
-from .pipeline.passes import raw_pass
-from .pipeline.steps import NoClock, StepClock
+from .pipeline.spec import Spec
 from .remote import ShardSource
-from .state.cursor import Counters
+from .state.ranks import settle_ranks
 
 __all__ = ["MixedDataset", "split_batch"]
 
 Source = str | os.PathLike[str] | ShardSource
+
+# ShardDataset's options, with their defaults: what a mix's **options may hold.
+_OPTIONS = {
+    name: p.default
+    for name, p in inspect.signature(ShardDataset).parameters.items()
+    if name not in ("source", "split", "batch_size", "seed")
+}
 
 
 def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
@@ -108,7 +115,11 @@ class MixedDataset(PassDataset):
         seed: int = 0,
         **options: Any,
     ) -> None:
-        super().__init__(options.get("rank"), options.get("world_size"))
+        for name in options:
+            if name not in _OPTIONS:
+                raise TypeError(f"MixedDataset.__init__() got an unexpected keyword argument {name!r}")
+        # Checked now for an early error, but settled as each pass starts (see .state.ranks).
+        settle_ranks(options.get("rank"), options.get("world_size"))
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
             raise ConfigError("a MixedDataset takes two sources or more; for one, use ShardDataset")
         if options.get("mode", "train") != "train":
@@ -118,59 +129,115 @@ class MixedDataset(PassDataset):
                 "a mix drops each source's partial last batch, so that every batch keeps the weights' "
                 "proportions: leave drop_last out"
             )
-        sizes = [_samples(s, split, options.get("storage_options"), options.get("timeout")) for s in sources]
-        self.weights = tuple(float(w) for w in (weights or sizes))
-        if len(self.weights) != len(sources):
-            raise ConfigError(f"{len(self.weights)} weights for {len(sources)} sources")
-        self.shares = split_batch(batch_size, self.weights)
-        # Each part reads its source with its own batch size and seed, on the mix's epoch: it runs the
-        # raw half of the mix's pass. The mix runs the rest, once, on the zipped batches.
-        self.parts = [
-            ShardDataset(s, split=split, batch_size=b, seed=seed + i, **options)
-            for i, (s, b) in enumerate(zip(sources, self.shares, strict=True))
+        o = {**_OPTIONS, **options}
+        # Each index read once: the sizes give the default weights, the parts are made of the same read.
+        opened = [
+            open_source(
+                s,
+                storage_options=o["storage_options"],
+                cache_dir=o["cache_dir"],
+                cache_limit=o["cache_limit"],
+                prefetch=o["prefetch"],
+                timeout=o["timeout"],
+            )
+            for s in sources
         ]
-        self.split, self.batch_size, self.seed, self.mode = split, batch_size, seed, "train"
-        # The mix's own options (each part checked them as it was made).
-        self.max_lost = float(options.get("max_lost", DEFAULT_MAX_LOST))
-        self.decode_on = DecodeOn.of(options.get("decode_on"))
-        # The parts were given the same options: their images' settings are the mix's, with its seed.
-        self.image_settings = replace(self.parts[0].image_settings, seed=seed)
-        self.num_samples = sum(p.num_samples for p in self.parts)
-        self.shards_digest = "+".join(p.shards_digest for p in self.parts)
+        indexes = [read_index(s, split) for s in opened]
+        weights = tuple(float(w) for w in (weights or [info.samples for _, _, info in indexes]))
+        if len(weights) != len(sources):
+            raise ConfigError(f"{len(weights)} weights for {len(sources)} sources")
+        shares = split_batch(batch_size, weights)
+        for i, share in enumerate(shares):  # each part's settings, checked as a ShardDataset checks its own
+            check_settings(
+                mode=o["mode"],
+                on_error=o["on_error"],
+                batch_size=share,
+                seed=seed + i,
+                drop_last=True,
+                max_lost=o["max_lost"],
+                shuffle_buffer=o["shuffle_buffer"],
+                shuffle_initial=o["shuffle_initial"],
+            )
+        # The images of every part are made alike, once the batch is zipped: with the mix's seed.
+        image, offload, raw_stages = image_spec(
+            o["transform"],
+            image_size=o["image_size"],
+            mode="train",
+            seed=seed,
+            on_error=o["on_error"],
+            decode_on=o["decode_on"],
+            raw_stages=o["raw_stages"],
+            image_stages=o["image_stages"],
+        )
         # One label a class name: the sorted union of the parts' classes, and each part's labels
         # mapped onto it (None where a part's list is the mix's: its labels stay as they are).
-        same = all(p.manifest.classes == self.parts[0].manifest.classes for p in self.parts)
-        self._classes = self.parts[0].classes if same else sorted({c for p in self.parts for c in p.classes})
-        ids = {name: i for i, name in enumerate(self._classes)}
-        self._relabel: list[np.ndarray | None] = [
-            None if p.classes == self._classes else np.array([ids[c] for c in p.classes], dtype=np.int64)
-            for p in self.parts
-        ]
+        names = [list(manifest.classes) for _, manifest, _ in indexes]
+        classes = names[0] if all(n == names[0] for n in names) else sorted({c for n in names for c in n})
+        ids = {name: i for i, name in enumerate(classes)}
+        # Each part reads its source with its own batch size and seed, on the mix's epoch: it runs the
+        # raw half of the mix's pass. The mix runs the rest, once, on the zipped batches.
+        parts = tuple(
+            split_part(
+                source,
+                index,
+                split=split,
+                batch_size=share,
+                mode="train",
+                shuffle=True if o["shuffle"] is None else o["shuffle"],
+                shuffle_buffer=o["shuffle_buffer"],
+                shuffle_initial=o["shuffle_initial"],
+                drop_last=True,
+                seed=seed + i,
+                on_error=o["on_error"],
+                raw_stages=raw_stages,
+                views=not (raw_stages or image.image_stages),
+                relabel=None if own == classes else np.array([ids[c] for c in own], dtype=np.int64),
+            )
+            for i, (source, index, share, own) in enumerate(zip(opened, indexes, shares, names, strict=True))
+        )
+        spec = Spec(
+            parts,
+            image,
+            split=split,
+            batch_size=batch_size,
+            mode="train",
+            seed=seed,
+            max_lost=float(o["max_lost"]),
+            decode_on=offload,
+            classes=tuple(classes),
+            weights=weights,
+        )
+        super().__init__(spec, options.get("rank"), options.get("world_size"))
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """The share of each source in every batch, as given (default: their samples)."""
+        return self._spec.weights
+
+    @property
+    def shares(self) -> list[int]:
+        """Samples of each source in a batch: ``batch_size`` split by :attr:`weights`."""
+        return self._spec.shares
 
     @property
     def classes(self) -> list[str]:
         """Class names; a label is a position here (see the module docstring for differing sources)."""
-        return list(self._classes)
+        return list(self._spec.classes)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
         """Class name to label, as ``ImageFolder.class_to_idx`` (a name several sources hold is one label)."""
-        return {name: i for i, name in enumerate(self._classes)}
+        return {name: i for i, name in enumerate(self._spec.classes)}
 
     @property
     def dropped_per_epoch(self) -> int:
         """Samples of the sources no rank sees in one epoch (past the shortest source's epoch)."""
-        return self.num_samples - len(self) * self.world_size * self.batch_size
-
-    def _roots(self) -> list[Path | str]:
-        return [p.root for p in self.parts]
-
-    def _sources(self) -> list[ShardSource]:
-        return [p.source for p in self.parts]
+        rank, world_size = self.rank, self.world_size
+        return self._spec.dropped(self.epoch, self.cursor.legs, rank, world_size)
 
     def rank_samples(self) -> int:
         """Samples this rank's pass plans to deliver: its batches, all whole (train mode)."""
-        return len(self) * self.batch_size
+        return super().rank_samples()
 
     def leg_batches(self) -> int:
         """Batches this rank yields in the current leg of the epoch: the shortest source's.
@@ -179,66 +246,14 @@ class MixedDataset(PassDataset):
             ConfigError: a source has fewer samples a rank than its share of a batch (no batch at all).
 
         """
-        world_size = self._pass_ranks()[1]
-        legs = self.cursor.legs
-        batches = [
-            elastic.rank_batches(p.layout, epoch=self.epoch, legs=legs, world_size=world_size)
-            for p in self.parts
-        ]
-        if not legs and not min(batches):
-            empty = batches.index(0)
-            part = self.parts[empty]
-            raise ConfigError(
-                f"source {empty} ({redact_url(str(part.root))}) has {part.num_samples // world_size} "
-                f"sample(s) a rank, fewer than its {part.batch_size} a batch: an epoch would be empty; lower "
-                "its weight or the batch size"
-            )
-        return min(batches)
-
-    def batches_in_leg(self, epoch: int, legs: tuple[elastic.Leg, ...], world_size: int) -> int:
-        """The batches every rank yields in ``epoch``'s leg after ``legs``: the shortest source's."""
-        return min(
-            elastic.rank_batches(p.layout, epoch=epoch, legs=legs, world_size=world_size) for p in self.parts
-        )
-
-    def resume_settings(self) -> dict[str, Any]:
-        """The parts' order settings (the same in every part), the mix's data, batch and weights."""
-        return {
-            **self.parts[0].resume_settings(),
-            "shards": self.shards_digest,
-            "samples": self.num_samples,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "weights": list(self.weights),
-            "shares": list(self.shares),
-        }
-
-    def _raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        """Batch ``k`` of every source, as one batch: labels mapped onto the mix's, shuffled within it."""
-        streams = [raw_pass(p.read_settings, at, counters, clock=clock) for p in self.parts]
-        for batches in zip(*streams, strict=False):  # the shortest source ends the epoch
-            k = batches[0][0]
-            samples = [
-                s if relabel is None else {**s, LABEL: int(relabel[s[LABEL]])}
-                for (_, part), relabel in zip(batches, self._relabel, strict=True)
-                for s in part
-            ]
-            rng = mix_rng(self.seed, at.epoch, at.rank, at.worker, k)
-            yield k, [samples[i] for i in rng.permutation(len(samples))]
-        for stream in streams:
-            stream.close()  # type: ignore[attr-defined]
+        return super().leg_batches()
 
     def __repr__(self) -> str:
-        roots = ", ".join(repr(redact_url(str(p.root))) for p in self.parts)
+        roots = ", ".join(repr(redact_url(str(r))) for r in self._spec.roots())
         return (
             f"{type(self).__name__}([{roots}], weights={list(self.weights)}, shares={self.shares}, "
             f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size})"
         )
 
 
-def _samples(source: Source, split: str, storage_options: Any, timeout: float | None) -> int:
-    if isinstance(source, ShardSource):  # its options hold its timeouts
-        return read_manifest(source.root, storage_options=source.storage_options).split(split).samples
-    # The index of a URL is read with the timeouts its ShardDataset will read the shards with.
-    source = ShardSource(source, storage_options=storage_options, timeout=timeout or DEFAULT_TIMEOUT)
-    return read_manifest(source.root, storage_options=source.storage_options).split(split).samples
+MixedDataset._arguments = frozenset(inspect.signature(MixedDataset).parameters) - {"options"} | set(_OPTIONS)

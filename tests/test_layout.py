@@ -7,6 +7,9 @@
   ``profiling/`` (a stage is a pipeline callable); no two loader modules whose names differ by
   one letter (``stream`` beside ``streams``).
 - loader/'s top level at most 14 entries; every package's ``__init__`` says what it holds.
+- A dataset is a spec and an epoch (issue 39): no ``NotImplementedError`` raised in loader/ (no
+  base class with methods to fill in); no module but the dataset's own reads a dataset's private
+  attribute.
 - One table of image formats (issue 39): an image extension spelled as a string (``"png"``,
   ``".tiff"``, ``"JPEG"``...), the default ``"jpg"`` aside, in one module of converter/ (the table,
   ``converter/imageformats.py``) and one of loader/ at most.
@@ -435,6 +438,136 @@ def test_no_name_of_the_loader_masks_one_of_its_modules():
             name = path.stem if path.suffix == ".py" else path.name if is_package else None
             if name and name != "__init__" and name in vars(package):
                 assert inspect.ismodule(vars(package)[name]), f"{package.__name__}.{name} masks its module"
+
+
+def not_implemented_raised(tree: ast.AST) -> list[int]:
+    """Lines raising ``NotImplementedError`` or subclassing it: a method left for a subclass to fill in."""
+
+    def named(node: ast.expr | None) -> bool:
+        if isinstance(node, ast.Call):
+            node = node.func
+        return isinstance(node, ast.Name) and node.id == "NotImplementedError"
+
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Raise) and named(node.exc))
+        or (isinstance(node, ast.ClassDef) and any(named(base) for base in node.bases))
+    )
+
+
+def test_no_not_implemented_error_in_the_loader():
+    # A dataset is a spec and an epoch (issue 39): no base class with methods to fill in. Catching a
+    # library's NotImplementedError (fsspec's ls, in remote/source.py) is not filling anything in.
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "loader").rglob("*.py"))
+        for line in not_implemented_raised(ast.parse(path.read_text(), str(path)))
+    ]
+    assert not wrong, "NotImplementedError raised in loader/ (a method left to fill in):\n" + "\n".join(wrong)
+
+
+def test_the_not_implemented_rule_finds_raises():
+    code = """
+class A:
+    def f(self):
+        raise NotImplementedError
+    def g(self):
+        raise NotImplementedError("fill me in")
+class B(NotImplementedError):
+    pass
+try:
+    pass
+except NotImplementedError:
+    pass
+ok = isinstance(e, (OSError, NotImplementedError))
+"""
+    assert not_implemented_raised(ast.parse(code)) == [4, 6, 7]
+
+
+# Read from outside by anyone: where the epoch is (ShardLoader, the trainers) and their settings.
+SCANNED_FOR_PRIVATES = ("loader", "cli", "bench", "tests")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def dataset_privates() -> tuple[set[str], set[Path]]:
+    """The private names the dataset classes (and their bases in imgshards) define, and their modules."""
+    from imgshards.loader import MixedDataset, ShardDataset
+
+    names: set[str] = set()
+    own: set[Path] = set()
+    for cls in (ShardDataset, MixedDataset):
+        for klass in cls.__mro__:
+            if not klass.__module__.startswith("imgshards."):
+                continue
+            own.add(Path(inspect.getsourcefile(klass) or "").resolve())
+            for node in ast.walk(ast.parse(inspect.getsource(klass))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found = [node.name]
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    found = [node.target.id]  # a class-level annotation (`_control: SharedControl`)
+                elif (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in ("self", "cls")
+                ):
+                    found = [node.attr]
+                else:
+                    found = []
+                names.update(n for n in found if _is_private(n))
+    return names, own
+
+
+def private_reads(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """(line, ``x._name``) of each attribute ``_name`` in ``names`` read on something but ``self``/``cls``."""
+    return sorted(
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in names
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    )
+
+
+def test_no_module_reads_a_dataset_private_attribute():
+    # What a dataset holds (its spec, its epoch) is its own: ShardLoader, the trainers' glue, the
+    # benchmarks and the tests go through its public attributes, so its insides can change (issue 39).
+    names, own = dataset_privates()
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: {expr}"
+        for folder in SCANNED_FOR_PRIVATES
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.resolve() not in own
+        for line, expr in private_reads(ast.parse(path.read_text(), str(path)), names)
+    ]
+    assert not wrong, (
+        f"a dataset's private attribute ({', '.join(sorted(names))}) read outside "
+        f"{', '.join(sorted(str(p.relative_to(ROOT)) for p in own))}; add a public one:\n" + "\n".join(wrong)
+    )
+
+
+def test_the_private_rule_finds_reads():
+    code = """
+class D:
+    def f(self, other):
+        self._control.name
+        return other._control, cls._spec
+name = ds._control.name
+ds._spec = None
+loader.dataset._progress.at
+x._unrelated
+"""
+    found = private_reads(ast.parse(code), {"_control", "_spec", "_progress"})
+    assert found == [
+        (5, "other._control"),
+        (6, "ds._control"),
+        (7, "ds._spec"),
+        (8, "loader.dataset._progress"),
+    ]
 
 
 # Every spelling of an image extension: each format's name and suffixes in the table, and the

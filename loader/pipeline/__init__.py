@@ -1,5 +1,7 @@
 """One worker's pass: frozen settings in, batches out.
 
+- :mod:`.spec`: :class:`~.spec.Spec`, what a dataset reads, fixed when it is made: its parts (one
+  packed split each), how images are made, and the zip of several parts' raw batches.
 - :mod:`.passes`: :class:`~.passes.ReadSettings`, :class:`~.passes.ImageSettings`,
   :func:`~.passes.raw_pass` (plan, read, order, cut, raw stages) and :func:`~.passes.worker_pass`
   (decode, image stages, collate; or offload).

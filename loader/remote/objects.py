@@ -99,8 +99,11 @@ class RemoteObject:
     """Whether the object's servers always honour ``Range`` (else :meth:`open_whole` is the way out)."""
 
     def open_whole(self) -> WholeStream:
-        """The object from its first byte in one streamed answer (where ``ranges_only`` is False)."""
-        raise NotImplementedError(f"{type(self).__name__} reads byte ranges only")
+        """The object from its first byte in one streamed answer (where ``ranges_only`` is False).
+
+        A reader of byte ranges only is never asked (the ranged reader gets no ``open_whole`` then).
+        """
+        raise AssertionError(f"{type(self).__name__} reads byte ranges only: it is never opened whole")
 
     def check(self, version: Version) -> None:
         """Pin ``version`` at the first answer; raise :class:`ShardAccessError` on a later other one."""

@@ -1,7 +1,11 @@
 """Where an epoch and a pass stand, and what a checkpoint holds.
 
+- :mod:`.progress`: :class:`~.progress.EpochProgress`, the half of a dataset that changes as it is
+  read (the other, its frozen spec, is :mod:`..pipeline.spec`): the epoch, the ranks settled as
+  each pass starts, this process's place in its pass, the loss counters and ``check_lost``, and
+  the dataset's torchdata ``Stateful`` protocol.
 - :mod:`.cursor`: the state shared with the DataLoader workers, in shared memory: the epoch cursor
   (:class:`~.cursor.EpochCursor`, its one owner), the skip counters, the batch-buffer flags.
-- :mod:`.checkpoint`: :class:`~.checkpoint.PassPosition` (where one process's pass stands), the
-  resume state format and its checks, the dataset's torchdata ``Stateful`` protocol and counters.
+- :mod:`.checkpoint`: the resume state format (:class:`~.checkpoint.ResumeState`) and its checks.
+- :mod:`.ranks`: rank and world size, settled as a pass starts.
 """

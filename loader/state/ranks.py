@@ -3,9 +3,10 @@
 A dataset is often built before ``init_process_group`` (the README's loop, a trainer that joins the
 group inside ``fit``), or with no process group at all under ``torchrun``. Read at construction,
 the rank would then be 0 of 1 on every rank, and every rank would read the whole split. So the
-dataset keeps what it was told and asks :func:`settle_ranks` each time a pass starts (and for
-``len()``), in the training process; the answer is recorded in the state it shares with its
-DataLoader workers (:class:`~.cursor.SharedControl`), so the workers of a pass agree with it.
+dataset's epoch (:class:`~.progress.EpochProgress`) keeps what it was told and asks
+:func:`settle_ranks` each time a pass starts (and for ``len()``), in the training process; the
+answer is recorded in the state it shares with its DataLoader workers
+(:class:`~.cursor.SharedControl`), so the workers of a pass agree with it.
 
 Where the answer comes from, first found first:
 

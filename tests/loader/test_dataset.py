@@ -448,9 +448,10 @@ def test_a_dropped_dataset_unmaps_the_buffers_kept_for_its_workers(packed_many):
 
     ds = dataset(packed_many, batch_size=4)
     loader = make_loader(ds, num_workers=2, persistent_workers=True)
+    before = set(batches._KEPT)
     for _ in loader:  # the buffers handed back stay mapped here, for the batches sent by name
         pass
-    name = ds._control.name
+    (name,) = set(batches._KEPT) - before  # this dataset's buffers, under the name of its pool
     assert batches._KEPT.get(name), "buffers are kept while the dataset lives"
     del loader, ds
     gc.collect()

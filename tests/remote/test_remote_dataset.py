@@ -12,6 +12,7 @@ import pytest
 
 from imgshards.converter import ManifestError, PackConfig, pack_to_url, read_manifest
 from imgshards.loader import (
+    MixedDataset,
     RetryPolicy,
     ShardDataset,
     ShardReadError,
@@ -170,3 +171,12 @@ def test_source_options_go_in_one_place(remote_packed, tmp_path):
         ShardDataset(ShardSource(str(remote_packed)), cache_dir=tmp_path, cache_limit=10)
     local = ShardDataset(Path(remote_packed))
     assert local.root == Path(remote_packed) and not local.source.remote
+
+
+def test_a_mix_reads_each_index_once(http_serve, remote_packed):
+    # A mix is one spec of several parts (issue 39): each source's index is read once, not once for
+    # its weight and again for a dataset of its own.
+    (a, served_a), (b, served_b) = http_serve(remote_packed), http_serve(remote_packed)
+    mix = MixedDataset([a, b], batch_size=8, transform="eval", image_size=SIZE)
+    assert len(served_a.gets("index.json")) == len(served_b.gets("index.json")) == 1
+    assert mix.shares == [4, 4] and len(mix) > 0
