@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import time
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -30,7 +29,6 @@ from .pipeline.collate import Batch, pool_token
 from .pipeline.offload import DecodeOn
 from .remote.cache import end_with
 from .state.checkpoint import ResumeState
-from .state.cursor import CORRUPT
 from .workers import default_context, worker_died
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -154,7 +152,7 @@ class ShardLoader:
         epoch, total = ds.epoch, ds.leg_batches()  # settles the rank for this pass
         if self.decoder is not None:
             self.decoder.rank = ds.rank  # its augment seeds: the rank of this pass, not of the build
-        counts = (ds.corrupt_skipped, ds.lost_samples, ds.filtered_samples)
+        counts = ds.pass_counts()  # what this pass lost is told and judged against them as it ends
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
             ds.forget_buffers()
@@ -173,53 +171,12 @@ class ShardLoader:
             delivered = cursor.deliver()  # the one record: an interrupted pass resumes here
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
-                done = self._finish(epoch, *counts)
+                done = True
+                ds.end_pass(epoch, counts)  # warns, moves the record on, judges max_lost
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
-            self._finish(epoch, *counts)
+            ds.end_pass(epoch, counts)
         cursor.end_pass()  # every worker has ended this pass: the next reads the next epoch
-
-    def _finish(self, epoch: int, corrupt: int, lost: int, filtered: int) -> bool:
-        ds = self.dataset
-        skipped, lost = ds.corrupt_skipped - corrupt, ds.lost_samples - lost
-        filtered = ds.filtered_samples - filtered
-        if filtered:
-            how = (
-                "the raw stages' drops were made up by repeating kept samples (the image stages' left "
-                "their batches smaller), so every rank kept len() batches"
-                if ds.mode == "train"
-                else "they are not in this pass"
-            )
-            warnings.warn(
-                f"epoch {epoch}: the dataset's stages dropped {filtered} sample(s) on this rank; {how}; "
-                f"{ds.filtered_samples} so far (dataset.filtered_samples)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        if skipped:
-            warnings.warn(
-                f"epoch {epoch}: skipped {skipped} image(s) that do not decode (on_error='skip'); "
-                f"{ds.corrupt_skipped} so far",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        if lost:
-            how = (
-                "made up by repeating others, so every rank kept len() batches"
-                if ds.mode == "train"
-                else "missing from this pass: it did not cover the whole split"
-            )
-            warnings.warn(
-                f"epoch {epoch}: {lost} planned sample(s) were lost to truncated or unreadable "
-                f"shards, {how}; {ds.lost_samples} so far (imgshards verify names the damaged shards)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        # Workers that start late (on a busy machine, after the others made the pass's last batches)
-        # must still read this epoch: only the record moves on.
-        ds.cursor.finish_epoch()
-        ds.check_lost(epoch, lost)  # more lost than max_lost allows: an error, not a short epoch
-        return True
 
     def _lend(self, storage: torch.UntypedStorage, token: int) -> tuple[torch.UntypedStorage, int, int]:
         # A storage's use count is its references: ours, the kept buffer's if the batch came in a
@@ -280,8 +237,8 @@ def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
     """The decoder for ``dataset``'s settings; skipped images count in ``dataset.corrupt_skipped``."""
 
     def on_corrupt(worker: int, e: CorruptImageError) -> None:
-        dataset.counters(worker).add(CORRUPT)
-        warnings.warn(e.skipped(), RuntimeWarning, stacklevel=3)  # on_error="skip" in force: no advice
+        # The workers' skip (count, warn), its warning one frame further out as this one adds a frame.
+        dataset.counters(worker).skip(e, stacklevel=4)
 
     return DeviceDecoder(
         decode_on,

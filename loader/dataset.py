@@ -40,7 +40,7 @@ from .remote.ranges import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
 from .state.checkpoint import shards_digest
 from .state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters, EpochCursor
-from .state.progress import EpochProgress, allowed_lost
+from .state.progress import EpochProgress, PassCounts, allowed_lost
 from .state.ranks import settle_ranks
 
 __all__ = ["DEFAULT_MAX_LOST", "Mode", "OnError", "PassDataset", "ShardDataset", "allowed_lost"]
@@ -280,6 +280,18 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         other ranks), where a collective would leave them waiting on it if it never got there.
         """
         self._progress.check_lost(epoch, lost)
+
+    def pass_counts(self) -> PassCounts:
+        """The loss counters as a pass begins (:meth:`.state.progress.EpochProgress.pass_counts`)."""
+        return self._progress.pass_counts()
+
+    def end_pass(self, epoch: int, before: PassCounts) -> None:
+        """Warn about what the pass of ``epoch`` lost since ``before``, then judge it (:meth:`check_lost`).
+
+        :class:`~imgshards.loader.ShardLoader` calls it as a pass ends
+        (:meth:`.state.progress.EpochProgress.end_pass`).
+        """
+        self._progress.end_pass(epoch, before)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process's pass is: the epoch and the batches it made (torchdata ``Stateful``).

@@ -24,10 +24,10 @@ from ..epoch import elastic, partition
 from ..epoch.order import resumed_order, worker_order
 from ..epoch.position import PassPosition
 from ..epoch.seeds import augment_seed, user_seed
-from ..errors import CorruptImageError, ShardReadError
+from ..errors import ShardReadError
 from ..image.presets import Transform
 from ..remote import ShardSource
-from ..state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters
+from ..state.cursor import FILTERED, TRUNCATED, UNREADABLE, Counters
 from .batches import Batches, Stage, collate_batches, decode_batches, each, offload_batches
 from .collate import Batch, BatchRows, BufferPool, SentBatch
 from .offload import RawBatch
@@ -99,7 +99,7 @@ def worker_pass(
     if s.offload:
         # offload -> RawBatch: the batch's image bytes and labels, for the training process
         return offload_batches(raw, epoch=at.epoch, worker=at.worker, shared=pool is not None, clock=clock)
-    on_corrupt = _on_corrupt(s.on_error, counters)
+    on_corrupt = None if s.on_error == "raise" else counters.skip  # skip, count and warn
     # decode -> (k, [sample + image uint8 [3, H, W]]): decoded and transformed, torch's generator seeded
     #           per batch; with no image stage each image goes into its batch's buffer at once
     batches = decode_batches(
@@ -198,8 +198,8 @@ def _read(
         on_truncated=on_truncated,
         on_unreadable=None if s.on_error == "raise" else on_unreadable,
         classes=s.classes,
-        on_corrupt=_on_corrupt(s.on_error, counters),  # a label outside the classes, no image...
-        on_lost=counters.adder(LOST),
+        on_corrupt=None if s.on_error == "raise" else counters.skip,  # a label outside the classes...
+        counters=counters,  # counts the samples a damaged shard's run lacks
         keep_all=keep_all,
         views=s.views and not keep_all,
     )
@@ -210,15 +210,3 @@ def _read(
         return worker_order(reader.runs(), sizes, s.layout.order, **where)
     resumed = Resumed(reader)
     return resumed.samples(resumed_order(resumed.open_run, sizes, s.layout.order, skip=skip, **where))
-
-
-def _on_corrupt(on_error: str, counters: Counters) -> Callable[[CorruptImageError], None] | None:
-    """Skip, count and warn about a sample that is not usable; ``None`` (raise) with on_error="raise"."""
-    if on_error == "raise":
-        return None
-
-    def skip(e: CorruptImageError) -> None:
-        counters.add(CORRUPT)
-        warnings.warn(e.skipped(), RuntimeWarning, stacklevel=3)  # on_error="skip" in force: no advice
-
-    return skip

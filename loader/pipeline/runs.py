@@ -36,6 +36,7 @@ from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
 from ..errors import CorruptImageError, ResourceLimitError, ShardAccessError, ShardReadError
 from ..remote import ShardSource
+from ..state.cursor import LOST, Counters
 from .tar import RawSample, read_run
 
 __all__ = [
@@ -92,7 +93,7 @@ def read_runs(
     on_unreadable: Callable[[ShardReadError], None] | None,
     classes: Sequence[str] | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
-    on_lost: Callable[[int], None] = lambda n: None,
+    counters: Counters | None = None,
     keep_all: bool = False,
     views: bool = False,
 ) -> list[Iterator[RawSample]]:
@@ -103,10 +104,10 @@ def read_runs(
     :class:`ShardReadError` propagates. A :class:`ShardAccessError` (no credentials, no access, a
     listed shard not found, a shard changed during the pass, out of file descriptors or memory)
     always propagates: only damage is skipped. A run that ends short of its segment (damaged shard)
-    tells ``on_lost`` how many of its samples it lacks. Labels are read as the split says
-    (``.cls``, or a ``.json`` field); one that is not one of ``classes`` goes to ``on_corrupt``
-    (raises with None). ``keep_all`` reads every member of a sample (else a ``.json`` that holds no
-    label is skipped).
+    adds the samples it lacks to ``counters``' :data:`~..state.cursor.LOST` (without ``counters``:
+    not counted). Labels are read as the split says (``.cls``, or a ``.json`` field); one that is
+    not one of ``classes`` goes to ``on_corrupt`` (raises with None). ``keep_all`` reads every
+    member of a sample (else a ``.json`` that holds no label is skipped).
     """
     return RunReader(
         segments,
@@ -116,7 +117,7 @@ def read_runs(
         on_unreadable=on_unreadable,
         classes=classes,
         on_corrupt=on_corrupt,
-        on_lost=on_lost,
+        counters=counters,
         keep_all=keep_all,
         views=views,
     ).runs()
@@ -135,13 +136,13 @@ class RunReader:
         on_unreadable: Callable[[ShardReadError], None] | None,
         classes: Sequence[str] | None,
         on_corrupt: Callable[[CorruptImageError], None] | None,
-        on_lost: Callable[[int], None],
+        counters: Counters | None,
         keep_all: bool,
         views: bool,
     ) -> None:
         self.segments, self.split, self.source = segments, split, source
         self.on_truncated, self.on_unreadable, self.on_corrupt = on_truncated, on_unreadable, on_corrupt
-        self.on_lost, self.keep_all, self.views = on_lost, keep_all, views
+        self.counters, self.keep_all, self.views = counters, keep_all, views
         self.classes = classes
         self.class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
         source.plan([split.shards[seg.shard] for seg in segments])  # prefetch in this order
@@ -174,7 +175,7 @@ class RunReader:
         if seg.skip:
             run = _skipping(run, seg.skip, start)
             expected -= sum(1 for i in seg.skip if start <= i < seg.stop)
-        return _accounted(run, expected, self.on_lost, self.on_unreadable)
+        return _accounted(run, expected, self.counters, self.on_unreadable)
 
 
 class Resumed:
@@ -212,7 +213,8 @@ class Resumed:
                 k, j = item
                 seg = segments[k]
                 if seg.shard in unreadable:
-                    self._runs.on_lost(1)  # as its run would count it
+                    if self._runs.counters is not None:
+                        self._runs.counters.add(LOST, 1)  # as its run would count it
                     continue
                 i = _index(seg, j)
                 got = False
@@ -397,12 +399,13 @@ def _skipping(run: Iterator[RawSample], skip: frozenset[int], start: int) -> Ite
 def _accounted(
     run: Iterator[RawSample],
     expected: int,
-    on_lost: Callable[[int], None],
+    counters: Counters | None,
     on_unreadable: Callable[[ShardReadError], None] | None,
 ) -> Iterator[RawSample]:
     """``run``'s samples; a shard that cannot be read ends it (raised with no ``on_unreadable``).
 
-    What the run lacks of its ``expected`` samples once it ends goes to ``on_lost``. A
+    What the run lacks of its ``expected`` samples once it ends is added to ``counters``'
+    :data:`~..state.cursor.LOST` (the one place a lost sample is counted). A
     :class:`ShardAccessError` (a setting to fix, not damage to count) always propagates.
     """
     got = 0
@@ -416,8 +419,8 @@ def _accounted(
         if on_unreadable is None:
             raise
         on_unreadable(e)
-    if got < expected:
-        on_lost(expected - got)
+    if got < expected and counters is not None:
+        counters.add(LOST, expected - got)
 
 
 def batched(

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import warnings
 import weakref
 from collections.abc import Callable
 
 import torch
 
-from ..errors import ResumeError
+from ..errors import CorruptImageError, ResumeError
 from ..pipeline.collate import BufferPool, forget_buffers, keep_buffer, kept_buffer
 
 __all__ = [
@@ -293,6 +294,17 @@ class Counters:
     def adder(self, what: int) -> Callable[[int], None]:
         """A function adding its argument to counter ``what``."""
         return lambda n: self.add(what, n)
+
+    def skip(self, e: CorruptImageError, *, stacklevel: int = 3) -> None:
+        """Skip a sample that is not usable (on_error="skip"): count it in :data:`CORRUPT` and warn.
+
+        The one skip of the workers' pass (an image that does not decode, a label outside the
+        classes) and of the training process's decoder (``decode_on``). The warning gives no advice:
+        ``on_error="skip"`` is in force. ``stacklevel`` is ``warnings.warn``'s, counted from here
+        (3: the line that called this method's caller).
+        """
+        self.add(CORRUPT)
+        warnings.warn(e.skipped(), RuntimeWarning, stacklevel=stacklevel)
 
 
 class SharedControl:

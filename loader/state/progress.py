@@ -6,15 +6,21 @@ skip counters (in the shared :class:`~.cursor.SharedControl`), the ranks it was 
 settled as each pass starts (:mod:`.ranks`), this process's place in its pass (torchdata's
 ``Stateful`` protocol), and the count of a plain ``DataLoader``'s passes. It asks the spec what it
 needs through :class:`EpochSpec`, never the dataset.
+
+It also judges what a pass lost: :meth:`EpochProgress.pass_counts` as a pass begins,
+:meth:`EpochProgress.end_pass` as it ends (the warnings about filtered, skipped and lost samples,
+then ``max_lost``). A lost sample's count goes from the run that lacks it (``pipeline/runs.py``)
+to the shared counters (:mod:`.cursor`) to here, and nowhere else.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.utils.data import get_worker_info
@@ -27,6 +33,9 @@ from ..errors import ConfigError, ResumeError, ShardReadError
 from ..pipeline.collate import BufferPool
 from .checkpoint import ResumeState
 from .cursor import (
+    CORRUPT,
+    FILTERED,
+    LOST,
     MAX_EPOCH,
     Counters,
     EpochCursor,
@@ -34,7 +43,7 @@ from .cursor import (
 )
 from .ranks import settle_ranks
 
-__all__ = ["EpochProgress", "EpochSpec", "allowed_lost"]
+__all__ = ["EpochProgress", "EpochSpec", "PassCounts", "allowed_lost"]
 
 
 def allowed_lost(max_lost: float, planned: int) -> int:
@@ -46,12 +55,25 @@ def allowed_lost(max_lost: float, planned: int) -> int:
     return math.floor(Fraction(str(max_lost)) * planned)
 
 
+class PassCounts(NamedTuple):
+    """The loss counters over every worker and pass, as a pass begins (:meth:`EpochProgress.pass_counts`)."""
+
+    filtered: int
+    corrupt: int
+    lost: int
+
+
 class EpochSpec(Protocol):
     """What an epoch asks of its dataset's spec (:class:`~..pipeline.spec.Spec` answers it)."""
 
     @property
     def split(self) -> str:
         """The split read, for messages."""
+        ...
+
+    @property
+    def mode(self) -> str:
+        """``"train"`` (what a pass loses is made up) or ``"eval"``, for messages."""
         ...
 
     @property
@@ -234,6 +256,65 @@ class EpochProgress:
             yield batch
         # A DataLoader worker may exit once its pass is over: its downloads must reach the cache first.
         self._spec.settle()
+
+    def pass_counts(self) -> PassCounts:
+        """The counters as a pass begins, for :meth:`end_pass` to tell what that pass lost."""
+        return PassCounts(self.total(FILTERED), self.total(CORRUPT), self.total(LOST))
+
+    def end_pass(self, epoch: int, before: PassCounts) -> None:
+        """End the pass of ``epoch`` that began at counters ``before``: warn about its losses, judge them.
+
+        One ``RuntimeWarning`` each for the samples the user's stages dropped, the images skipped
+        and the planned samples lost to damaged shards in this pass (in that order), then the epoch's
+        record moves on (:meth:`.cursor.EpochCursor.finish_epoch`), then :meth:`check_lost`.
+        :class:`~imgshards.loader.ShardLoader` calls it, through the dataset's ``end_pass``, as it
+        hands over a pass's last batch (or after the pass, if it ended short): the warnings point
+        at the line of the training loop that asked for that batch (``stacklevel=4``: here, the
+        dataset, the loader's generator, the loop).
+
+        Raises:
+            ShardReadError: the pass lost more than ``max_lost`` allows.
+
+        """
+        skipped, lost = self.total(CORRUPT) - before.corrupt, self.total(LOST) - before.lost
+        filtered = self.total(FILTERED) - before.filtered
+        train = self._spec.mode == "train"
+        if filtered:
+            how = (
+                "the raw stages' drops were made up by repeating kept samples (the image stages' left "
+                "their batches smaller), so every rank kept len() batches"
+                if train
+                else "they are not in this pass"
+            )
+            warnings.warn(
+                f"epoch {epoch}: the dataset's stages dropped {filtered} sample(s) on this rank; {how}; "
+                f"{self.total(FILTERED)} so far (dataset.filtered_samples)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        if skipped:
+            warnings.warn(
+                f"epoch {epoch}: skipped {skipped} image(s) that do not decode (on_error='skip'); "
+                f"{self.total(CORRUPT)} so far",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        if lost:
+            how = (
+                "made up by repeating others, so every rank kept len() batches"
+                if train
+                else "missing from this pass: it did not cover the whole split"
+            )
+            warnings.warn(
+                f"epoch {epoch}: {lost} planned sample(s) were lost to truncated or unreadable "
+                f"shards, {how}; {self.total(LOST)} so far (imgshards verify names the damaged shards)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        # Workers that start late (on a busy machine, after the others made the pass's last batches)
+        # must still read this epoch: only the record moves on.
+        self.cursor.finish_epoch()
+        self.check_lost(epoch, lost)  # more lost than max_lost allows: an error, not a short epoch
 
     def check_lost(self, epoch: int, lost: int) -> None:
         """Raise :class:`ShardReadError` if this rank's pass of ``epoch`` lost more than ``max_lost`` allows.
