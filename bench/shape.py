@@ -28,6 +28,25 @@ new one alike. It prints:
   (profile ``call`` events, resumed generators included) while that one batch is made: the sample's
   way out through decoding, augmenting and collating, and whatever the loader calls per batch
   (counters, state). Both parts and the list are printed. Functions in C (torch, PIL) do not count.
+- **modules a lost sample's count crosses**: the imgshards modules whose code handles the number
+  of samples a pass lost to a damaged shard, from the run that lacks them to the warning and the
+  ``max_lost`` judgement. It copies the packed split, cuts its shard to 40% of its bytes, and runs
+  one pass of ``make_loader(ShardDataset(copy, batch_size=8, max_lost=0.9), num_workers=0)`` under
+  ``sys.setprofile``. The pass loses ``L`` samples (``dataset.lost_samples`` after it). A module
+  counts when one of its Python frames holds ``L``: an ``int`` equal to ``L`` among its arguments
+  and locals (read at each ``call``, ``return`` and ``c_call`` event of that frame or of a function
+  it calls) or returned by it; and the module that computed it (the caller of the first frame that
+  holds it: ``on_lost(expected - got)`` holds it in no variable) and, when that first frame is a
+  function made at run time (a callback), the module that made it (the caller of the function
+  that returned it). A frame holding ``L`` by chance is told apart by a second pass over the
+  undamaged copy, watched the same way: a function that holds ``L`` there too is left out. So
+  the tar reader that meets the shard's end counts only if it hands on the number, and a module
+  that passes a handle of the counters (not the count) does not. The modules are printed in the
+  order the count reaches them, each with its functions. On 1bc048c that is 6: pipeline/read
+  (computes it), pipeline/passes (made the callback), state/cursor, state/checkpoint, dataloader,
+  dataset; issue 39's 7 also counted the tar reader, which ends the run but never holds the count.
+  Since the pass's losses are told and judged by the epoch: 3, pipeline/runs -> state/cursor ->
+  state/progress.
 
 ``--ref`` puts REF in a temporary folder the way ``bench/loader.py --against`` does (``git archive``,
 its folders linked as ``site/imgshards``) and runs this script there with this interpreter.
@@ -39,12 +58,14 @@ import argparse
 import importlib.util
 import inspect
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType, FunctionType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,6 +146,97 @@ def measure(work: Path, watch: Watch) -> None:
         sys.setprofile(None)
 
 
+class Holders:
+    """The profile hook of the lost count: which of our functions hold the int ``value``, in order."""
+
+    def __init__(self, module_of: Modules, value: int) -> None:
+        self.module_of, self.value = module_of, value
+        # (module, function) -> (module, function) of its caller then, in the order first seen
+        self.held: dict[tuple[str, str], tuple[str, str] | None] = {}
+        self.codes: dict[tuple[str, str], CodeType] = {}
+        # a function returned by one of ours -> the modules of the frames it was returned to
+        self.makers: dict[CodeType, set[str]] = {}
+
+    def holds(self, x: Any) -> bool:
+        return type(x) is int and x == self.value
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event not in ("call", "return", "c_call"):
+            return
+        module = self.module_of(frame.f_code.co_filename)
+        if module is not None and event == "return":
+            if self.holds(arg):
+                self.note(frame)
+            if isinstance(arg, FunctionType) and (caller := self.ours(frame.f_back)) is not None:
+                self.makers.setdefault(arg.__code__, set()).add(self.where(caller)[0])
+        for f in (frame, frame.f_back):  # the frame, and its caller as it calls (its locals as handed on)
+            ours = f is not None and self.module_of(f.f_code.co_filename) is not None
+            if ours and any(self.holds(v) for v in f.f_locals.values()):  # type: ignore[union-attr]
+                self.note(f)  # type: ignore[arg-type]
+
+    def ours(self, frame: FrameType | None) -> FrameType | None:
+        while frame is not None and self.module_of(frame.f_code.co_filename) is None:
+            frame = frame.f_back
+        return frame
+
+    def where(self, frame: FrameType) -> tuple[str, str]:
+        return self.module_of(frame.f_code.co_filename) or "?", frame.f_code.co_name
+
+    def note(self, frame: FrameType) -> None:
+        key = self.where(frame)
+        if key not in self.held:
+            caller = self.ours(frame.f_back)
+            self.held[key] = None if caller is None else self.where(caller)
+            self.codes[key] = frame.f_code
+
+
+def lost_pass(root: Path, value: int, module_of: Modules) -> tuple[Holders, int]:
+    """One pass over ``root`` watched for ``value``; the holders, and the samples the pass lost."""
+    from imgshards.loader import ShardDataset, make_loader
+
+    dataset = ShardDataset(root, batch_size=8, max_lost=0.9)
+    loader = make_loader(dataset, num_workers=0)
+    holders = Holders(module_of, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sys.setprofile(holders)
+        try:
+            for _ in loader:
+                pass
+        finally:
+            sys.setprofile(None)
+    return holders, dataset.lost_samples
+
+
+def lost_count(work: Path, module_of: Modules) -> tuple[int, list[tuple[str, list[str]]]]:
+    """The samples a pass over a cut copy of ``work/packed`` lost, and the modules their count crosses.
+
+    Each module with its functions (the way the count came in), in the order the count reached them.
+    """
+    clean, cut = work / "lost-clean", work / "lost-cut"
+    shutil.copytree(work / "packed", clean)
+    shutil.copytree(work / "packed", cut)
+    for shard in sorted(cut.rglob("*.tar")):
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size * 2 // 5])
+    _, lost = lost_pass(cut, -1, module_of)  # how many it loses (the pass is the same each time)
+    if not lost:
+        raise SystemExit("the cut shard lost no sample: nothing to follow")
+    by_chance = set(lost_pass(clean, lost, module_of)[0].held)
+    damaged, again = lost_pass(cut, lost, module_of)
+    assert again == lost, (again, lost)  # the same loss each time
+    held = [(key, caller) for key, caller in damaged.held.items() if key not in by_chance]
+    crossed: dict[str, list[str]] = {}
+    if held:
+        (first, caller) = held[0]
+        if caller is not None:
+            crossed.setdefault(caller[0], []).append(f"{caller[1]} (computed it)")
+        for maker in sorted(damaged.makers.get(damaged.codes[first], ())):
+            crossed.setdefault(maker, []).append("(made the callback it is handed to)")
+    for (module, function), _ in held:
+        crossed.setdefault(module, []).append(function)
+    return lost, list(crossed.items())
+
+
 def report() -> None:
     import imgshards.loader
 
@@ -133,6 +245,7 @@ def report() -> None:
     watch = Watch(Modules(loader))
     with tempfile.TemporaryDirectory() as work:
         measure(Path(work), watch)
+        lost, lost_crossed = lost_count(Path(work), watch.module_of)
     on_chain = {module for module, _, _ in watch.chain}
     crossed = on_chain | watch.entered
     print(f"imgshards loader: {os.path.realpath(loader)}")
@@ -150,6 +263,9 @@ def report() -> None:
     print("modules entered in one batch, besides those on the stack:")
     for module in sorted(crossed - on_chain):
         print(f"    {module}")
+    print(f"modules a lost sample's count crosses: {len(lost_crossed)} (a pass that lost {lost} samples)")
+    for module, functions in lost_crossed:
+        print(f"    {module}: {', '.join(functions)}")
 
 
 def run_at(ref: str) -> int:

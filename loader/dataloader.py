@@ -172,10 +172,10 @@ class ShardLoader:
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
                 done = True
-                ds.end_pass(epoch, counts)  # warns, moves the record on, judges max_lost
+                ds.account_pass(epoch, counts)  # warns, moves the record on, judges max_lost
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
-            ds.end_pass(epoch, counts)
+            ds.account_pass(epoch, counts)
         cursor.end_pass()  # every worker has ended this pass: the next reads the next epoch
 
     def _lend(self, storage: torch.UntypedStorage, token: int) -> tuple[torch.UntypedStorage, int, int]:

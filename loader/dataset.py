@@ -285,13 +285,13 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         """The loss counters as a pass begins (:meth:`.state.progress.EpochProgress.pass_counts`)."""
         return self._progress.pass_counts()
 
-    def end_pass(self, epoch: int, before: PassCounts) -> None:
+    def account_pass(self, epoch: int, before: PassCounts) -> None:
         """Warn about what the pass of ``epoch`` lost since ``before``, then judge it (:meth:`check_lost`).
 
         :class:`~imgshards.loader.ShardLoader` calls it as a pass ends
-        (:meth:`.state.progress.EpochProgress.end_pass`).
+        (:meth:`.state.progress.EpochProgress.account_pass`).
         """
-        self._progress.end_pass(epoch, before)
+        self._progress.account_pass(epoch, before)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this process's pass is: the epoch and the batches it made (torchdata ``Stateful``).

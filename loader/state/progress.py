@@ -8,9 +8,9 @@ settled as each pass starts (:mod:`.ranks`), this process's place in its pass (t
 needs through :class:`EpochSpec`, never the dataset.
 
 It also judges what a pass lost: :meth:`EpochProgress.pass_counts` as a pass begins,
-:meth:`EpochProgress.end_pass` as it ends (the warnings about filtered, skipped and lost samples,
-then ``max_lost``). A lost sample's count goes from the run that lacks it (``pipeline/runs.py``)
-to the shared counters (:mod:`.cursor`) to here, and nowhere else.
+:meth:`EpochProgress.account_pass` as it ends (the warnings about filtered, skipped and lost
+samples, then ``max_lost``). A lost sample's count goes from the run that lacks it
+(``pipeline/runs.py``) to the shared counters (:mod:`.cursor`) to here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -258,16 +258,16 @@ class EpochProgress:
         self._spec.settle()
 
     def pass_counts(self) -> PassCounts:
-        """The counters as a pass begins, for :meth:`end_pass` to tell what that pass lost."""
+        """The counters as a pass begins, for :meth:`account_pass` to tell what that pass lost."""
         return PassCounts(self.total(FILTERED), self.total(CORRUPT), self.total(LOST))
 
-    def end_pass(self, epoch: int, before: PassCounts) -> None:
+    def account_pass(self, epoch: int, before: PassCounts) -> None:
         """End the pass of ``epoch`` that began at counters ``before``: warn about its losses, judge them.
 
         One ``RuntimeWarning`` each for the samples the user's stages dropped, the images skipped
         and the planned samples lost to damaged shards in this pass (in that order), then the epoch's
         record moves on (:meth:`.cursor.EpochCursor.finish_epoch`), then :meth:`check_lost`.
-        :class:`~imgshards.loader.ShardLoader` calls it, through the dataset's ``end_pass``, as it
+        :class:`~imgshards.loader.ShardLoader` calls it, through the dataset's ``account_pass``, as it
         hands over a pass's last batch (or after the pass, if it ended short): the warnings point
         at the line of the training loop that asked for that batch (``stacklevel=4``: here, the
         dataset, the loader's generator, the loop).

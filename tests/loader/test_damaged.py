@@ -236,3 +236,20 @@ def test_a_resume_past_a_damaged_shard_keeps_the_batch_count(packed_copy, lookup
     resumed.load_state_dict(first.state_dict())
     tail = lookup_many.run_keys(resumed)
     assert len(head) == 5 and [len(keys) for keys in tail] == sizes[5:] and len(tail) > 0
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_the_epochs_loss_warning_points_at_the_training_loop(packed_copy, mode):
+    # The pass's losses are told by the dataset's epoch (state/progress.py), three calls below the
+    # loop: the warning must still name the loop's line, as a user's warning filter sees it.
+    damage_last_sample(packed_copy)
+    ds = ShardDataset(packed_copy, batch_size=4, mode=mode, max_lost=0.5, transform=IDENTITY)
+    loader = make_loader(ds, num_workers=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in loader:  # the line the warning names
+            pass
+    line = test_the_epochs_loss_warning_points_at_the_training_loop.__code__.co_firstlineno + 9
+    lost = [w for w in caught if "were lost to truncated or unreadable shards" in str(w.message)]
+    assert len(lost) == 1 and loader.dataset.lost_samples > 0
+    assert (lost[0].filename, lost[0].lineno) == (__file__, line)
