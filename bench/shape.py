@@ -7,8 +7,8 @@ Run by hand, on the imgshards that ``PYTHONPATH`` (or ``--ref``) gives::
     python bench/shape.py --ref 255c059                # a git ref, put in a temporary folder
 
 It uses only the standard library, webdataset and imgshards' public API (``converter.pack``,
-``converter.make_synthetic_tree``, ``loader.ShardDataset``), so it runs on the old layout and the
-new one alike. It prints:
+``converter.make_synthetic_tree``, ``loader.ShardDataset``, ``loader.make_loader``), so it runs on
+the old layout and the new one alike. It prints:
 
 - **loader/ lines**: the newlines of every ``.py`` file under ``loader/`` (``wc -l`` of them all);
   **.py files**: how many; **top-level entries**: ``ls loader | wc -l``, ``__pycache__`` left out.
@@ -194,11 +194,11 @@ def lost_pass(root: Path, value: int, module_of: Modules) -> tuple[Holders, int]
     """One pass over ``root`` watched for ``value``; the holders, and the samples the pass lost."""
     from imgshards.loader import ShardDataset, make_loader
 
-    dataset = ShardDataset(root, batch_size=8, max_lost=0.9)
-    loader = make_loader(dataset, num_workers=0)
     holders = Holders(module_of, value)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # the cut shard's, warned about as the dataset is made and read
+        dataset = ShardDataset(root, batch_size=8, max_lost=0.9)
+        loader = make_loader(dataset, num_workers=0)
         sys.setprofile(holders)
         try:
             for _ in loader:
