@@ -26,7 +26,7 @@ from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
 
 from .epoch import elastic, partition
 from .epoch.position import Leg, PassPosition
-from .errors import ConfigError, check_choice
+from .errors import ConfigError, SettingFixedError, check_choice
 from .image.pil_input import user_transform
 from .image.presets import PRESETS, Transform, preset
 from .pipeline.collate import Batch, BufferPool
@@ -76,12 +76,12 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if not name.startswith("_") and name not in _SETTABLE and self._is_setting(name):
-            raise ConfigError(self._fixed(name, value))
+            raise SettingFixedError(self._fixed(name, value))
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
         if not name.startswith("_") and name not in _SETTABLE and self._is_setting(name):
-            raise ConfigError(self._fixed(name, None))
+            raise SettingFixedError(self._fixed(name, None))
         super().__delattr__(name)
 
     @classmethod

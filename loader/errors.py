@@ -20,6 +20,7 @@ __all__ = [
     "ManifestError",
     "ResourceLimitError",
     "ResumeError",
+    "SettingFixedError",
     "ShardAccessError",
     "ShardReadError",
     "WorkerError",
@@ -29,6 +30,14 @@ __all__ = [
 
 class ConfigError(ImgshardsError, ValueError):
     """A loader argument is out of range or not one of the allowed values (the message lists them)."""
+
+
+class SettingFixedError(ConfigError, AttributeError):
+    """A dataset's setting set after the dataset was made: settings are fixed (make a new dataset).
+
+    Also an ``AttributeError``, as setting any read-only attribute is in Python: code that tries
+    ``setattr`` and falls back on ``AttributeError`` (a framework probing a dataset) goes on as it would.
+    """
 
 
 class BatchingError(ConfigError):

@@ -2,7 +2,8 @@
 
 Before, ``ds.shuffle_buffer = 5`` after construction changed what a resume checked but not the order
 (the frozen settings a pass reads were made in ``__init__``). Now every setting is a read-only view of
-the dataset's spec: setting one raises a one-line :class:`ConfigError` naming the way to make a new
+the dataset's spec: setting one raises a one-line :class:`SettingFixedError` (a ``ConfigError`` and an
+``AttributeError``) naming the way to make a new
 dataset, and the order, the batches and the resume state are those of the settings it was made with.
 ``ImageFolder`` keeps torchvision's contract instead: ``ds.transform = ...`` is honoured there.
 """
@@ -15,7 +16,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from imgshards.loader import ConfigError, ImageFolder, MixedDataset, ShardDataset, make_loader
+from imgshards.loader import ImageFolder, MixedDataset, SettingFixedError, ShardDataset, make_loader
 from imgshards.loader.pipeline.steps import StepTimes
 
 IDENTITY = torch.nn.Identity()
@@ -76,7 +77,7 @@ def make(request, packed_many, packed_few):
 
 
 def refused(ds, name, value) -> str:
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(SettingFixedError) as e:  # a ConfigError, and an AttributeError as in Python
         setattr(ds, name, value)
     message = str(e.value)
     assert "\n" not in message, message
@@ -103,14 +104,14 @@ def test_every_setting_is_refused_in_one_line_naming_the_way_to_change_it(make):
     for name in DERIVED:
         assert "read-only" in refused(ds, name, 5), name
     assert "set_epoch(2)" in refused(ds, "epoch", 2)
-    with pytest.raises(ConfigError, match="fixed when the dataset is made"):
+    with pytest.raises(SettingFixedError, match="fixed when the dataset is made"):
         del ds.seed
 
 
 def test_a_refused_setting_changes_neither_the_order_nor_the_resume_check(make, lookup_many):
     ds, fresh = make(), make()
     for name, value in {"shuffle_buffer": 5, "seed": 11, "batch_size": 3, "shuffle_initial": 1}.items():
-        with pytest.raises(ConfigError):
+        with pytest.raises(SettingFixedError):
             setattr(ds, name, value)
     assert ds.resume_settings() == fresh.resume_settings()
     assert ds.resume_settings()["shuffle_buffer"] == 40 and ds.resume_settings()["seed"] == 3
@@ -149,3 +150,12 @@ def test_image_folder_honours_a_transform_set_after_it_is_made(packed_many):
     assert isinstance(image, torch.Tensor) and image.shape == (3, 8, 6)
     ds.target_transform = lambda t: t + 100
     assert ds[0][1] >= 100
+
+
+def test_a_refused_setting_is_an_attribute_error_as_python_has_it(packed_many):
+    # Code that probes a dataset with setattr and falls back on AttributeError (as on any read-only
+    # property) goes on as it would; hasattr and getattr are untouched.
+    ds = shard_dataset(packed_many)
+    with pytest.raises(AttributeError):
+        ds.shuffle_buffer = 5
+    assert ds.shuffle_buffer == 40 and hasattr(ds, "seed")
