@@ -129,7 +129,7 @@ def shards(base: str, packed: Path, cache: Path | None, limit: int) -> int:
         cache_dir=cache,
         cache_limit=limit if cache is not None else None,
     )
-    source.plan(split.shards)
+    source.set_read_order(split.shards)
     runs = [
         read_run(source.url(s.name), 0, s.samples, opener=lambda s=s: source.open(s)) for s in split.shards
     ]

@@ -145,7 +145,7 @@ class RunReader:
         self.counters, self.keep_all, self.views = counters, keep_all, views
         self.classes = classes
         self.class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
-        source.plan([split.shards[seg.shard] for seg in segments])  # prefetch in this order
+        source.set_read_order([split.shards[seg.shard] for seg in segments])  # prefetch in this order
 
     def runs(self) -> list[Iterator[RawSample]]:
         """One lazy run a segment, in the given order."""

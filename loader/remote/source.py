@@ -14,7 +14,7 @@ each answer comes from the version of the shard the first answer came from (HTTP
 :mod:`.objects`). A download is a thread that streams the shard (see :mod:`.ranges`) into a
 reservation of the cache
 (see :mod:`.cache`), hashing it; the reader reads the partial file as it grows, so the first sample
-comes after the first chunk, not after the whole shard. :meth:`ShardSource.plan` tells the source
+comes after the first chunk, not after the whole shard. :meth:`ShardSource.set_read_order` tells the source
 the order in which this worker reads its shards; every :meth:`~ShardSource.open` then starts the
 downloads of the next ``prefetch`` shards of that order in the background.
 
@@ -170,10 +170,10 @@ class ShardSource:
                     stacklevel=3,
                 )
 
-    def plan(self, shards: Sequence[ShardInfo]) -> None:
+    def set_read_order(self, shards: Sequence[ShardInfo]) -> None:
         """Tell the source the order this process reads its shards in, for prefetching."""
         if self.remote:
-            self._process().plan(shards)
+            self._process().set_read_order(shards)
 
     def open(self, shard: ShardInfo) -> BinaryIO:
         """Open a shard for reading (see the module docstring for where it is read from)."""
@@ -259,7 +259,7 @@ class _ProcessState:
         sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
         return sizes if INDEX_NAME in sizes else None  # else not a listing of this dataset's root
 
-    def plan(self, shards: Sequence[ShardInfo]) -> None:
+    def set_read_order(self, shards: Sequence[ShardInfo]) -> None:
         with self.lock:
             self.order = list(shards)
             self.position = {s.name: i for i, s in reversed(list(enumerate(self.order)))}

@@ -61,7 +61,7 @@ def test_prefetch_downloads_the_next_shards_of_the_plan(http_serve, remote_packe
     base, state = http_serve(remote_packed)
     shards = shards_of(remote_packed)
     src = source(base, cache_dir=tmp_path / "cache", cache_limit=10**6, prefetch=3)
-    src.plan(shards[:6])
+    src.set_read_order(shards[:6])
     src.open(shards[0]).close()
     wait_for(lambda: len(list((tmp_path / "cache").glob("*.tar"))) == 4)
     fetched = {r.path.rsplit("/", 1)[-1] for r in state.gets(".tar")}
@@ -79,7 +79,7 @@ def test_the_cache_stays_under_its_limit(http_serve, remote_packed, tmp_path, ca
     shards = shards_of(remote_packed)
     limit = 3 * max(s.bytes for s in shards) + 100
     src = source(base, cache_dir=tmp_path / "cache", cache_limit=limit, prefetch=2)
-    src.plan(shards)
+    src.set_read_order(shards)
     for shard in shards:
         with src.open(shard) as f:
             assert f.read() == (remote_packed / shard.name).read_bytes()
