@@ -101,9 +101,14 @@ def test_pack_prints_sizes_and_an_estimate_within_30_percent_of_the_loaders_spee
     assert "image sizes: median 683x512, 95th percentile 683x512 (20 images)" in resized
     assert "--resize" not in resized  # given: nothing to suggest
 
-    estimate = json.loads(
-        cli_run("pack", str(camera_tree), str(tmp_path / "as-is"), "--workers", "2", "--json")
-    )["splits"]["train"]["resize_hint"]["speedup"]
+    # Both sides time a few images on a machine that may be busy (each drifted 15% in a CI run while
+    # another process ran): the median of three estimates, against the loader's median epochs.
+    estimate = statistics.median(
+        json.loads(cli_run("pack", str(camera_tree), str(tmp_path / "as-is"), "--workers", "2", "--json"))[
+            "splits"
+        ]["train"]["resize_hint"]["speedup"]
+        for _ in range(3)
+    )
     actual = loader_ms(tmp_path / "as-is") / loader_ms(tmp_path / "r512")
     assert 0.7 <= estimate / actual <= 1.3, f"estimated {estimate:.1f}x, the loader measured {actual:.1f}x"
     assert int(HINT.fullmatch(line.strip()).group(1)) == pytest.approx(actual, rel=0.4)  # the printed one too
