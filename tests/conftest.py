@@ -69,6 +69,18 @@ def _make_tree_without_photos(
             (folder / f"n{cls:08d}_{i}.JPEG").write_bytes(buf.getvalue())
 
 
+# The fixtures that call make_tree: a test that uses one (in its fixture closure) reads trees cut
+# from ../shared's photos when they are there, and is marked `photos` for .ci/run's second run.
+# tests/test_ci.py checks that every call of make_tree is in one of them.
+PHOTO_FIXTURES = frozenset({"tree_factory", "three_ways"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if PHOTO_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.photos)
+
+
 @pytest.fixture(scope="session")
 def tree_factory(tmp_path_factory):
     """``tree_factory(classes=, per_class=, profile=, seed=)``: a fresh tree in its own directory."""

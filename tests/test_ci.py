@@ -50,3 +50,32 @@ def test_ci_runs_them_in_a_fresh_clone_with_no_shared_beside_it():
     assert "status=$?" in after and any(line.startswith("tests_passed ") for line in after)
     passed = "\n".join(ci[_first(ci, lambda line: line.startswith("tests_passed()")) :])
     assert re.search(r"0\) return 0 ;;", passed) and not re.search(r"5\) return 0", passed)
+
+
+def test_every_tree_cut_from_the_photos_is_made_by_a_marked_fixture():
+    # .ci/run's second run (../shared made visible) runs only the tests marked `photos`: those whose
+    # fixtures include one of conftest's PHOTO_FIXTURES. A make_tree call anywhere else would read
+    # the photos unmarked, and never run against them in CI.
+    import ast
+
+    from .conftest import PHOTO_FIXTURES
+
+    callers = set()
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        # Module-level functions and methods: a call in a nested function counts for the one it is in.
+        outer = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        outer += [
+            m
+            for c in tree.body
+            if isinstance(c, ast.ClassDef)
+            for m in c.body
+            if isinstance(m, ast.FunctionDef)
+        ]
+        for func in outer:
+            if func.name != "make_tree":
+                for node in ast.walk(func):
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_tree":
+                        callers.add(f"{path.relative_to(ROOT)}:{func.name}")
+    unmarked = sorted(c for c in callers if c.rsplit(":", 1)[1] not in PHOTO_FIXTURES)
+    assert callers and not unmarked, f"make_tree called outside PHOTO_FIXTURES: {unmarked}"
