@@ -191,7 +191,10 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
 
     @property
     def classes(self) -> list[str]:
-        """Class names, as ``torchvision.datasets.ImageFolder.classes``: a label is a position here."""
+        """Class names, as ``torchvision.datasets.ImageFolder.classes``: a label is a position here.
+
+        Of a mix, the sorted union of its sources' names: a name several sources hold is one label.
+        """
         return list(self._spec.classes)
 
     @property
@@ -201,7 +204,7 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
 
     @property
     def dropped_per_epoch(self) -> int:
-        """Samples no rank sees in one epoch (0 in eval mode; see the class docstring)."""
+        """Samples no rank sees in one epoch (0 in eval mode; of a mix, past its shortest source's epoch)."""
         rank, world_size = self._progress.ranks()
         return self._spec.dropped(self.epoch, self.cursor.legs, rank, world_size)
 
@@ -251,7 +254,15 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         return self._progress.rank_batches()
 
     def leg_batches(self) -> int:
-        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume)."""
+        """Batches this rank yields in the current leg of the epoch (the epoch, without a resume).
+
+        Of a mix, the shortest source's.
+
+        Raises:
+            ConfigError: of a mix, a source has fewer samples a rank than its share of a batch (no
+                batch at all).
+
+        """
         return self._progress.leg_batches()
 
     def batches_in_leg(self, epoch: int, legs: tuple[Leg, ...], world_size: int) -> int:
@@ -262,7 +273,10 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         return self._spec.batches_in_leg(epoch, legs, world_size)
 
     def rank_samples(self) -> int:
-        """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of)."""
+        """Samples this rank's pass plans to deliver (what :attr:`max_lost` is a share of).
+
+        Of a mix: its batches, all whole.
+        """
         return self._progress.rank_samples()
 
     def resume_settings(self) -> dict[str, Any]:
@@ -354,15 +368,15 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
 
     def release(self, token: int, storage: torch.UntypedStorage) -> None:
         """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
-        self._progress.release(token, storage)
+        self._progress.control.release(token, storage)
 
     def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
         """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
-        return self._progress.kept_buffer(token)
+        return self._progress.control.kept_buffer(token)
 
     def forget_buffers(self) -> None:
         """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.collate`)."""
-        self._progress.forget_buffers()
+        self._progress.control.forget_buffers()
 
     # ---- a pass -----------------------------------------------------------------------------------
 

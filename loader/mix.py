@@ -219,35 +219,6 @@ class MixedDataset(PassDataset):
         """Samples of each source in a batch: ``batch_size`` split by :attr:`weights`."""
         return self._spec.shares
 
-    @property
-    def classes(self) -> list[str]:
-        """Class names; a label is a position here (see the module docstring for differing sources)."""
-        return list(self._spec.classes)
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Class name to label, as ``ImageFolder.class_to_idx`` (a name several sources hold is one label)."""
-        return {name: i for i, name in enumerate(self._spec.classes)}
-
-    @property
-    def dropped_per_epoch(self) -> int:
-        """Samples of the sources no rank sees in one epoch (past the shortest source's epoch)."""
-        rank, world_size = self.rank, self.world_size
-        return self._spec.dropped(self.epoch, self.cursor.legs, rank, world_size)
-
-    def rank_samples(self) -> int:
-        """Samples this rank's pass plans to deliver: its batches, all whole (train mode)."""
-        return super().rank_samples()
-
-    def leg_batches(self) -> int:
-        """Batches this rank yields in the current leg of the epoch: the shortest source's.
-
-        Raises:
-            ConfigError: a source has fewer samples a rank than its share of a batch (no batch at all).
-
-        """
-        return super().leg_batches()
-
     def __repr__(self) -> str:
         roots = ", ".join(repr(redact_url(str(r))) for r in self._spec.roots())
         return (

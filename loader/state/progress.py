@@ -22,7 +22,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-import torch
 from torch.utils.data import get_worker_info
 
 from imgshards.converter.locate import redact_url
@@ -360,7 +359,7 @@ class EpochProgress:
         self._pending = PassPosition(place.epoch, place.legs, place.batches)
         self.cursor.restore(place.epoch, place.legs)
 
-    # ---- counters and batch buffers -------------------------------------------------------------
+    # ---- counters -------------------------------------------------------------
 
     def counters(self, worker: int) -> Counters:
         """The counters of process ``worker``, a handle its pass counts in."""
@@ -369,15 +368,3 @@ class EpochProgress:
     def total(self, what: int) -> int:
         """Counter ``what`` (:data:`.cursor.CORRUPT`, ...) over every worker, over all passes so far."""
         return self.control.total(what)
-
-    def release(self, token: int, storage: torch.UntypedStorage) -> None:
-        """Hand a worker's batch buffer back to it (the main process no longer refers to that batch)."""
-        self.control.release(token, storage)
-
-    def kept_buffer(self, token: int) -> torch.UntypedStorage | None:
-        """The batch buffer ``token`` as this (main) process keeps it mapped, if it does."""
-        return self.control.kept_buffer(token)
-
-    def forget_buffers(self) -> None:
-        """Unmap the batch buffers kept for workers that exited (see :mod:`..pipeline.collate`)."""
-        self.control.forget_buffers()

@@ -13,25 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from imgshards.cli.main import cli
 from imgshards.cli.pack import SECTIONS
 from imgshards.converter import PackConfig, SourceError, dry_run, pack, pack_to_url, read_manifest
 
-
-def run(*args: object) -> object:
-    result = CliRunner().invoke(cli, [str(a) for a in args], prog_name="imgshards")
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    assert "Traceback" not in result.output
-    return result
-
-
-def one_line_error(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
+from .conftest import one_line_error, run
 
 # ---- one name, one flag ------------------------------------------------------------------------
 

@@ -30,20 +30,7 @@ from imgshards.converter import (
     tree_warnings,
 )
 
-
-def run(*args: object) -> object:
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    assert "Traceback" not in result.output
-    return result
-
-
-def one_line_error(result) -> str:
-    """The error printed on stderr, asserted to be a single line."""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
+from .conftest import one_line_error, run
 
 # ---- errors that name the next command ----------------------------------------------------------
 

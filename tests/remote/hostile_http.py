@@ -1,4 +1,4 @@
-"""HTTP servers that answer badly on purpose, for the deadline tests (issue 37).
+"""HTTP servers that answer badly on purpose, for the deadline and stall tests (issue 37).
 
 Each serves a directory with byte ranges and an ETag, and misbehaves on the files whose names end
 with one of ``bad`` (the index and the other shards are served as a good server would):

@@ -9,7 +9,6 @@ mounted in a private mount namespace (``unshare``); else the test is skipped, sa
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import re
@@ -17,10 +16,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -32,7 +29,7 @@ from imgshards.converter import read_manifest
 from imgshards.loader import RetryPolicy, ShardDataset, ShardReadError, ShardSource, make_loader
 from imgshards.loader.errors import ConfigError
 
-from .conftest import serving
+from .hostile_http import hostile_server
 
 SIZE = 32
 CHUNK = 8192
@@ -40,71 +37,15 @@ TIMEOUT = 1.0
 ATTEMPTS = 3
 RETRY = RetryPolicy(attempts=ATTEMPTS, backoff=0.05, max_backoff=0.1)
 SLACK = 3.0  # seconds past the timeouts for starting up and reading the shards that do not stall
-_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
-
-
-class _StallHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves a directory with byte ranges; a GET of a file named in ``stall`` sends 100 bytes, then waits."""
-
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    root: Path
-    stall: tuple[str, ...]
-    release: threading.Event
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, directory=str(self.root), **kwargs)
-
-    def log_message(self, format: str, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        path = Path(self.translate_path(self.path))
-        if not path.is_file():
-            return super().do_GET()  # the directory listing
-        data = path.read_bytes()
-        match = _RANGE.fullmatch(self.headers.get("Range", ""))
-        lo, hi = 0, len(data)
-        if match:
-            lo, hi = int(match.group(1)), min(int(match.group(2) or len(data) - 1) + 1, len(data))
-        self.send_response(206 if match else 200)
-        self.send_header("Content-Length", str(hi - lo))
-        if match:
-            self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
-        self.end_headers()
-        if not path.name.endswith(self.stall):
-            self.wfile.write(data[lo:hi])
-            return
-        self.wfile.write(data[lo : min(hi, lo + 100)])  # part of the body, then a stall
-        self.wfile.flush()
-        self.release.wait(60)
-        self.close_connection = True
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 64
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a client that gave up on a stalled answer
-
-
-@contextlib.contextmanager
-def stalling_server(root: Path, stall: tuple[str, ...]) -> Iterator[str]:
-    release = threading.Event()
-    handler = type("Handler", (_StallHandler,), {"root": root, "stall": stall, "release": release})
-    with serving(_Server(("127.0.0.1", 0), handler)) as base:
-        try:
-            yield base
-        finally:
-            release.set()  # before the shutdown: the stalled answers end
 
 
 @pytest.fixture
 def serve():
     """``serve(root, stall=(suffix, ...))``: the base URL of a server stalling those files."""
     with contextlib.ExitStack() as stack:
-        yield lambda root, stall=(): stack.enter_context(stalling_server(Path(root), tuple(stall)))
+        yield lambda root, stall=(): stack.enter_context(
+            hostile_server(Path(root), "stall", tuple(stall), head=100)
+        )[0]
 
 
 def source(url: str, **kwargs) -> ShardSource:
