@@ -31,7 +31,7 @@ from PIL import Image
 
 from imgshards.converter import read_manifest
 from imgshards.converter.index import IndexConfig, index
-from imgshards.converter.offsets import encode_offsets
+from imgshards.converter.tables import encode_table
 
 
 def tiny_jpegs(n: int, size: int) -> list[bytes]:
@@ -83,7 +83,7 @@ def build(work: Path, samples: int, shards: int, classes: int) -> Path:
     path = root / "index.json"
     data = json.loads(path.read_text())
     for shard in data["splits"]["train"]["shards"]:
-        shard["offsets"] = encode_offsets(starts[shard["name"]])
+        shard["offsets"] = encode_table(starts[shard["name"]])
     path.write_text(json.dumps(data))
     print(f"indexed them in {time.perf_counter() - start:.0f} s")
     return root

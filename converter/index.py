@@ -23,7 +23,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .errors import DestinationError, ManifestError, SourceError, UnreadableSamp
 from .locate import redact_url
 from .manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
 from .shardscan import ShardScan, ShardStore, Value
+from .tables import encode_table
 from .validate import check_index
 
 __all__ = ["MADE_BY", "IndexConfig", "IndexResult", "index", "read_classes"]
@@ -175,7 +176,7 @@ def index(
         )
     split = SplitInfo(
         name=config.split,
-        shards=tuple(s.info for s in scans),
+        shards=tuple(replace(s.info, labels=encode_table([ids[v] for v in s.labels])) for s in scans),
         class_counts=tuple(counts.get(i, 0) for i in range(len(classes))),
         pack_args={
             "made_by": MADE_BY,

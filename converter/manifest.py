@@ -14,7 +14,9 @@ Layout of ``index.json`` (``version`` 1)::
           "samples": 1281167, "bytes": 140e9,
           "class_counts": [1300, 1300],           # aligned with "classes"
           "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "...",
-                      "offsets": "AAAAAA8BAAA..."}],  # where each sample starts (converter/offsets.py)
+                      "offsets": "AAAAAA8BAAA...",   # where each sample starts, its class id,
+                      "labels": "BwAAAAIAAAA...",    # its key's CRC-32 and its source path
+                      "keys": "xq3bCQ...", "sources": "eJxLTiw..."}],  # (converter/tables.py)
           "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
@@ -55,8 +57,8 @@ from .locate import (
     redact_url,
     shown_cause,
 )
-from .offsets import BLOCK, decode_offsets
 from .remotefs import no_credentials, one_line
+from .tables import BLOCK, TABLES, decode_table
 from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
@@ -84,28 +86,39 @@ TIMM_INFO_NAME = "_info.json"
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One tar shard of a split."""
+    """One tar shard of a split, with its tables of samples (:mod:`.tables`) in the index's form.
+
+    A table is ``None`` where the index has none (an index older than it, or another tool's shards
+    indexed before it), and ``""`` for a shard of no samples.
+    """
 
     name: str
     samples: int
     bytes: int
     sha256: str
-    # Where each sample starts, in the index's form (.offsets); "" where the index has no table.
-    offsets: str = ""
+    offsets: str | None = None  # where each sample starts
+    labels: str | None = None  # each sample's class id
+    keys: str | None = None  # each sample key's CRC-32
+    sources: str | None = None  # each sample's source path
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form written into the index."""
         data: dict[str, Any] = {"name": self.name, "samples": self.samples, "bytes": self.bytes}
         data["sha256"] = self.sha256
-        if self.offsets:
-            data["offsets"] = self.offsets
+        for table in TABLES:
+            if getattr(self, table) is not None:
+                data[table] = getattr(self, table)
         return data
+
+    def table(self, name: str) -> str | None:
+        """Table ``name`` (:data:`~.tables.TABLES`); ``""`` for a shard of no samples, whatever else."""
+        return "" if self.samples == 0 else getattr(self, name)
 
     def sample_offset(self, sample: int) -> int | None:
         """Where sample number ``sample`` starts (its first tar header), in bytes; None without a table."""
         if not self.offsets or not 0 <= sample < self.samples:
             return None
-        return decode_offsets(self.offsets)[sample] * BLOCK
+        return decode_table(self.offsets)[sample] * BLOCK
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -307,7 +320,7 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
                 samples=int(s["samples"]),
                 bytes=int(s["bytes"]),
                 sha256=str(s["sha256"]),
-                offsets=str(s.get("offsets", "")),
+                **{table: s.get(table) for table in TABLES},  # checked: a string each, where present
             )
             for s in data["shards"]
         ),

@@ -57,6 +57,7 @@ from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
 from .splits import Part, read_split_file
+from .tables import TABLES
 from .tasks import plan_part, shard_task, split_names, split_parts
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, gather, write_shard
@@ -370,7 +371,7 @@ def _finish(
             converted.update(record.converted)
         infos[part.name] = SplitInfo(
             name=part.name,
-            shards=tuple(ShardInfo(r.name, r.samples, r.bytes, r.sha256, r.offsets) for r in records),
+            shards=tuple(_shard_info(r) for r in records),
             class_counts=tuple(counts),
             rejects_total=len(rejects),
             rejects_by_reason=dict(sorted(Counter(r.reason.value for r in rejects).items())),
@@ -387,3 +388,9 @@ def _finish(
         manifest = Manifest(scan.classes, splits)
         write_index(dst, manifest)
     return manifest
+
+
+def _shard_info(record: ShardRecord) -> ShardInfo:
+    """A shard's index entry from its record: its counts, digest and tables."""
+    tables = {table: getattr(record, table) for table in TABLES}
+    return ShardInfo(record.name, record.samples, record.bytes, record.sha256, **tables)

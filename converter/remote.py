@@ -53,6 +53,7 @@ from .pack import pack
 from .remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from .safefs import make_dirs, remove, write_atomic
 from .scan import split_tree_error, tree_warnings
+from .tables import TABLES
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
@@ -369,7 +370,8 @@ class _Uploader:
 
 
 def _as_record(shard: ShardInfo) -> ShardRecord:
-    return ShardRecord(shard.name, shard.samples, shard.bytes, shard.sha256, {}, (), offsets=shard.offsets)
+    tables = {table: getattr(shard, table) for table in TABLES}
+    return ShardRecord(shard.name, shard.samples, shard.bytes, shard.sha256, {}, (), **tables)
 
 
 def _is_shard_of(name: str, split: str) -> bool:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from .errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
 from .locate import redact_url, shown_cause
 from .manifest import (
+    IMAGE_EXTENSIONS,
     INDEX_NAME,
     TIMM_INFO_NAME,
     Manifest,
@@ -37,6 +38,7 @@ from .pool import default_workers, start_pool
 from .remote import write_index_url
 from .remotefs import Remote
 from .safefs import write_atomic
+from .tables import BLOCK, encode_sources, encode_table, key_digest
 from .tarsamples import checked_samples, shown
 from .tarstream import TarStream, stream_end
 from .validate import check_name, open_regular
@@ -53,6 +55,8 @@ _READ_BLOCK = 8 << 20
 class ShardScan:
     """One shard as read: its index entry, the label values of its samples, and what is wrong in it.
 
+    ``info`` has the shard's tables of starts, keys and sources (:mod:`.tables`), not yet its labels:
+    ``labels`` holds each sample's label value, in stored order, for the ids the split gives them.
     ``problems`` holds the first few; ``bad`` counts them all.
     """
 
@@ -60,6 +64,7 @@ class ShardScan:
     values: Counter[Value]
     problems: tuple[str, ...]
     bad: int
+    labels: tuple[Value, ...] = ()
 
 
 # ---- reading one shard ------------------------------------------------------------------------
@@ -74,6 +79,10 @@ def scan_shard(
     judged by the same functions (:func:`~.tarsamples.checked_samples`).
     """
     values: Counter[Value] = Counter()
+    labels: list[Value] = []
+    starts: list[int] = []
+    keys: list[int] = []
+    sources: list[str] = []
     problems: list[str] = []
     bad, samples = 0, 0
     with opener() as f:
@@ -82,8 +91,13 @@ def scan_shard(
         try:
             for sample, value, problem in checked_samples(tar, "json" if label_field else "cls", label_field):
                 samples += 1
-                if value is not None:
+                if value is not None:  # one image and one label: the sample is the image member's
                     values[value] += 1
+                    labels.append(value)
+                    starts.append(sample.start // BLOCK)
+                    keys.append(key_digest(sample.key))
+                    image = next(e for e in sample.exts if e in IMAGE_EXTENSIONS)
+                    sources.append(f"{sample.key}.{image}")
                 else:
                     bad += 1
                     if len(problems) < _PROBLEMS_PER_SHARD:
@@ -93,7 +107,11 @@ def scan_shard(
             problems.append(f"is not a readable tar after {samples} samples ({e})")
         reader.drain()
     info = ShardInfo(name=name, samples=samples, bytes=reader.size, sha256=reader.sha.hexdigest())
-    return ShardScan(info, values, tuple(problems), bad)
+    if not bad:  # a shard with a problem is refused whole: its tables would not be used
+        info = replace(
+            info, offsets=encode_table(starts), keys=encode_table(keys), sources=encode_sources(sources)
+        )
+    return ShardScan(info, values, tuple(problems), bad, tuple(labels))
 
 
 # ---- where the shards are: a directory or a URL -------------------------------------------------

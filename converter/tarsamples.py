@@ -37,7 +37,8 @@ _IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 class TarSample:
     """One sample as stored: its position in the shard, key, the members read, every member's extension.
 
-    ``cut`` marks the sample the shard's damage fell in (its members after the damage are missing).
+    ``cut`` marks the sample the shard's damage fell in (its members after the damage are missing);
+    ``start`` is where its first member's first header is, in bytes from the shard's start.
     """
 
     index: int
@@ -45,6 +46,7 @@ class TarSample:
     parts: dict[str, bytes]
     exts: list[str]
     cut: bool = False
+    start: int = 0
 
 
 class SampleReader:
@@ -84,7 +86,7 @@ class SampleReader:
         tar, start, stop, skip, only, max_read = (
             self.tar, self.start, self.stop, self.skip, self.only, self.max_read
         )  # fmt: skip
-        index, key = self.at - 1, None
+        index, key, begun = self.at - 1, None, 0
         parts: dict[str, bytes] = {}
         exts: list[str] = []
         try:
@@ -96,12 +98,12 @@ class SampleReader:
                 member_key = name[:dot]
                 if member_key != key:
                     if index >= start:
-                        yield TarSample(index, key, parts, exts)  # type: ignore[arg-type]
+                        yield TarSample(index, key, parts, exts, False, begun)  # type: ignore[arg-type]
                     index += 1
                     self.seen = index
                     if stop is not None and index >= stop:
                         return
-                    key, parts, exts = member_key, {}, []
+                    key, parts, exts, begun = member_key, {}, [], tar.member_start
                 ext = name[dot + 1 :].lower()
                 exts.append(ext)
                 if (
@@ -116,11 +118,11 @@ class SampleReader:
         except ShardFormatError:
             self.cut_exts = exts if key is not None else None
             if key is not None and index >= start:
-                yield TarSample(index, key, parts, exts, cut=True)
+                yield TarSample(index, key, parts, exts, cut=True, start=begun)
             raise
         self.seen, self.final = index + 1, True
         if key is not None and index >= start:
-            yield TarSample(index, key, parts, exts)
+            yield TarSample(index, key, parts, exts, False, begun)
 
 
 def sample_problem(exts: list[str], member: str) -> str | None:
@@ -146,16 +148,17 @@ def sample_problem(exts: list[str], member: str) -> str | None:
 
 
 def checked_samples(
-    tar: TarStream, member: str, field: str | None = None
+    tar: TarStream, member: str, field: str | None = None, *, also: Collection[str] = ()
 ) -> Iterator[tuple[TarSample, int | str | None, str | None]]:
     """Every sample of a shard with its label value, or what is wrong with it: what index and verify read.
 
-    Only the label member is read (up to :data:`~.manifest.MAX_LABEL_BYTES`). A key met again after
+    Only the label member is read (up to :data:`~.manifest.MAX_LABEL_BYTES`), and the members named
+    in ``also`` (as large, at most: a ``.json`` for its ``path``). A key met again after
     other samples is a problem (the loader would read it as two samples, ``index`` as one name). A
     :class:`~.errors.ShardFormatError` ends the iteration; the sample it fell in is not yielded.
     """
     first: dict[str, int] = {}
-    for sample in SampleReader(tar, only=frozenset({member}), max_read=MAX_LABEL_BYTES):
+    for sample in SampleReader(tar, only=frozenset({member, *also}), max_read=MAX_LABEL_BYTES):
         if sample.cut:
             continue
         problem = sample_problem(sample.exts, member)

@@ -62,7 +62,7 @@ class TarStream:
 
     """
 
-    __slots__ = ("_f", "_left", "_read", "_seekable", "_size", "end", "ended", "offset")
+    __slots__ = ("_f", "_left", "_read", "_seekable", "_size", "end", "ended", "member_start", "offset")
 
     def __init__(
         self, f: BinaryIO, *, end: int | None = None, seekable: bool = True, offset: int = 0
@@ -73,6 +73,7 @@ class TarStream:
         self.end = end
         self.offset = offset  # where the stream is in the shard (counted here, never asked of f)
         self.ended = False  # the end-of-archive block was read
+        self.member_start = offset  # where the member yielded last starts: its first header (pax too)
         self._size = 0  # the current member's data bytes
         self._left = 0  # bytes of the current member (data and padding) not consumed yet
 
@@ -116,9 +117,12 @@ class TarStream:
         read, end, adler32 = self._read, self.end, zlib.adler32
         name: str | None = None  # from a pax header or GNU long name, for the next member
         size_override: int | None = None
+        start = self.offset
         while True:
             if self._left:
                 self._step(self._left)
+            if name is None and size_override is None:  # not inside a member's extended headers
+                start = self.offset
             header = read(BLOCK)
             self.offset += BLOCK
             if len(header) < BLOCK:
@@ -174,6 +178,7 @@ class TarStream:
                 else:
                     name = raw.decode("utf-8", "surrogateescape")
             if kind in _REGULAR:
+                self.member_start = start
                 yield name, size
             elif kind == _SPARSE:
                 raise ShardFormatError(f"member {name!r} is a GNU sparse file: not read")

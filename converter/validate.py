@@ -13,7 +13,8 @@ with :func:`open_regular`. What holds afterwards:
 - Counts and sizes are integers (not floats, not booleans) within bounds: a shard holds at most
   ``MAX_SHARD_BYTES`` and at most one sample per ``MIN_SAMPLE_BYTES`` of it; a split's totals and
   per-class counts add up to its shards'. A shard's table of sample starts, when it has one, holds
-  one start per sample, increasing, inside the shard (:func:`~.offsets.offsets_problem`).
+  one start per sample, increasing, inside the shard; its table of class ids, one per sample, each
+  below the class count; its tables of keys and sources of the right size (:mod:`.tables`).
 - A split's image sizes, when it has them, count at most its samples, and each is two pixel counts
   within ``MAX_SIDE``.
 - There is at least one class, class names are distinct strings, and the per-class counts of every
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ManifestError, UnsafeFileError
-from .offsets import offsets_problem
+from .tables import TABLES, keys_problem, labels_problem, offsets_problem, sources_problem
 
 __all__ = [
     "MAX_DEPTH",
@@ -200,10 +201,9 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
         count = _count(shard, "samples", size // MIN_SAMPLE_BYTES, where, at)
         samples += count
         total += size
-        if "offsets" in shard:  # where each sample starts (.offsets): optional
-            problem = offsets_problem(shard["offsets"], count, size)
-            if problem is not None:
-                raise _bad(where, f"{at}.offsets", shard["offsets"], problem)
+        for table in TABLES:  # each optional
+            if table in shard and (problem := _table_problem(table, shard[table], count, size, num_classes)):
+                raise _bad(where, f"{at}.{table}", shard[table], problem)
         sha = shard.get("sha256")
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
             raise _bad(where, f"{at}.sha256", sha, "64 lower-case hex digits")
@@ -227,6 +227,15 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
     _check_sizes(body.get("image_sizes"), samples, f"{field}.image_sizes", where)
     if not isinstance(body.get("pack", {}) or {}, dict):
         raise _bad(where, f"{field}.pack", body.get("pack"), "an object")
+
+
+def _table_problem(table: str, text: Any, samples: int, size: int, num_classes: int) -> str | None:
+    """What is wrong with a shard's table ``table`` (:mod:`.tables`); None: nothing."""
+    if table == "offsets":
+        return offsets_problem(text, samples, size)
+    if table == "labels":
+        return labels_problem(text, samples, num_classes)
+    return keys_problem(text, samples) if table == "keys" else sources_problem(text, samples)
 
 
 def _check_rejects(rejects: Any, field: str, where: str) -> None:

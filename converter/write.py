@@ -44,12 +44,12 @@ from .check import Check, Inspection, Reason, inspect_image
 from .formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
 from .imageformats import JPEG
 from .imagesizes import size_key
-from .offsets import BLOCK, encode_offsets
 from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
 from .scan import PathTable, Reject
 from .sourcefiles import read_ahead, read_file, reason_of
+from .tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
 from .tarwriter import TarWriter
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
@@ -112,7 +112,11 @@ class ShardRecord:
     formats: dict[str, int] = field(default_factory=dict)
     converted: dict[str, int] = field(default_factory=dict)
     content: str = ""  # digest of the files' bytes as gathered (see .resume)
-    offsets: str = ""  # where each sample starts, in the index's form (see .offsets)
+    # The shard's tables in the index's form (.tables); None in a record from before the table.
+    offsets: str | None = None
+    labels: str | None = None
+    keys: str | None = None
+    sources: str | None = None
     # Images stored per size ("4032x3024": n, see .imagesizes); None in a record from before sizes.
     sizes: dict[str, int] | None = None
 
@@ -128,7 +132,7 @@ class ShardRecord:
             "formats": dict(sorted(self.formats.items())),
             "converted": dict(sorted(self.converted.items())),
             "content": self.content,
-            "offsets": self.offsets,
+            **{table: getattr(self, table) for table in TABLES if getattr(self, table) is not None},
             **({} if self.sizes is None else {"sizes": dict(sorted(self.sizes.items()))}),
         }
 
@@ -145,7 +149,7 @@ class ShardRecord:
             formats={str(k): int(v) for k, v in data.get("formats", {}).items()},
             converted={str(k): int(v) for k, v in data.get("converted", {}).items()},
             content=str(data.get("content", "")),
-            offsets=str(data.get("offsets", "")),
+            **{table: data.get(table) for table in TABLES},
             sizes=None if "sizes" not in data else {str(k): int(v) for k, v in data["sizes"].items()},
         )
 
@@ -259,7 +263,11 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
     converted: dict[str, int] = {}
     sizes: dict[str, int] = {}  # as stored, from the headers read (none with check none)
     digests: list[bytes] = []  # of the files as read, for a resumed run's content check (see .resume)
-    starts: list[int] = []  # the block where each sample starts (the index's table, see .offsets)
+    # The shard's tables (.tables): where each sample starts (in blocks), its class id, key, source.
+    starts: list[int] = []
+    ids: list[int] = []
+    keys: list[int] = []
+    sources: list[str] = []
     samples = done = 0
     class_json = [encode_basestring_ascii(name) for name in task.classes]
     rel_paths = list(task.paths)
@@ -292,6 +300,9 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
                 meta = f'{{"class":{class_json[label]}{size},"path":{encode_basestring_ascii(rel)}'
                 meta += f',"width":{verdict.width}}}' if verdict.width else "}"
                 starts.append(tar.size // BLOCK)
+                ids.append(label)
+                keys.append(key_digest(key))
+                sources.append(rel)
                 tar.add_many(
                     [
                         (f"{key}.{verdict.ext}", image),
@@ -324,8 +335,11 @@ def write_shard(task: ShardTask, counter: Any = None) -> ShardRecord:
         formats,
         converted,
         content,
-        encode_offsets(starts),
-        sizes,
+        sizes=sizes,
+        offsets=encode_table(starts),
+        labels=encode_table(ids),
+        keys=encode_table(keys),
+        sources=encode_sources(sources),
     )
 
 

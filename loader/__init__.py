@@ -8,7 +8,7 @@ for images, labels in loader:
     images, labels = to_device((images, labels), "cuda")
 
 # Coming from torchvision: the same map-style dataset, over the packed split (any sampler, transform):
-dataset = ImageFolder("/data/imagenet-shards", transform)  # datasets.ImageFolder("/data/imagenet/train", ...)
+dataset = ImageFolder("/data/imagenet-shards/train", transform)  # was ImageFolder("/data/imagenet/train")
 
 # Or decode and augment on the GPU (nvjpeg); the workers only read and shuffle:
 dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, decode_on="cuda")
@@ -21,6 +21,7 @@ from .epoch import elastic, partition
 from .errors import (
     ConfigError,
     CorruptImageError,
+    DatasetNotFoundError,
     ImageShapeError,
     LoaderTimeoutError,
     ResourceLimitError,
@@ -53,6 +54,7 @@ __all__ = [
     "Batch",
     "ConfigError",
     "CorruptImageError",
+    "DatasetNotFoundError",
     "DecodeOn",
     "ImageFolder",
     "ImageShapeError",

@@ -15,6 +15,7 @@ __all__ = [
     "BatchingError",
     "ConfigError",
     "CorruptImageError",
+    "DatasetNotFoundError",
     "ImageShapeError",
     "LoaderTimeoutError",
     "ManifestError",
@@ -30,6 +31,10 @@ __all__ = [
 
 class ConfigError(ImgshardsError, ValueError):
     """A loader argument is out of range or not one of the allowed values (the message lists them)."""
+
+
+class DatasetNotFoundError(ManifestError, FileNotFoundError):
+    """No packed dataset, or no such split, at the path given: a ``FileNotFoundError``, as torchvision's."""
 
 
 class SettingFixedError(ConfigError, AttributeError):

@@ -30,7 +30,7 @@ from torchvision.transforms import v2
 
 from imgshards.converter.errors import ManifestError
 from imgshards.converter.manifest import INDEX_NAME, read_manifest
-from imgshards.converter.offsets import BLOCK, decode_offsets, encode_offsets
+from imgshards.converter.tables import BLOCK, decode_table, encode_table
 from imgshards.loader import ConfigError, CorruptImageError, ImageFolder
 from imgshards.loader.image.decode import decode, pil_image
 
@@ -69,10 +69,10 @@ def test_every_image_label_and_attribute_is_torchvisions(n, loader_tree, packed_
     ours, theirs = ImageFolder(packed_many), datasets.ImageFolder(str(loader_tree))
     assert len(ours) == len(theirs) == n
     assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
-    assert sorted(ours.targets.tolist()) == sorted(theirs.targets)
+    assert sorted(ours.targets) == sorted(theirs.targets)
     images = [ours[i] for i in range(len(ours))]
     assert all(img.mode == "RGB" for img, _ in images)
-    assert ours.targets.tolist() == [label for _, label in images]  # targets[i] is ds[i]'s label
+    assert ours.targets == [label for _, label in images]  # targets[i] is ds[i]'s label
     assert pairs(images) == torchvision_pairs  # the same pixels and labels, every image once
     assert image_hash(ours[-1][0]) == image_hash(images[-1][0])  # negative indexes, as a list's
     with pytest.raises(IndexError):
@@ -160,7 +160,7 @@ def test_v2_transforms_and_a_target_transform(packed_many):
         assert images.shape[1:] == (3, 24, 24) and images.dtype == torch.float32
         assert images.min() >= 0.0 and images.max() <= 1.0
         labels += batch_labels.tolist()
-    assert sorted(labels) == sorted(t + 100 for t in dataset.targets.tolist())
+    assert sorted(labels) == sorted(t + 100 for t in dataset.targets)
 
 
 def test_subset_and_random_split(n, packed_many, torchvision_pairs):
@@ -171,7 +171,7 @@ def test_subset_and_random_split(n, packed_many, torchvision_pairs):
     got += loaded_pairs(DataLoader(val, batch_size=16, num_workers=2))
     assert collections.Counter(got) == torchvision_pairs
     odd = Subset(dataset, range(1, n, 2))
-    assert [odd[k][1] for k in range(len(odd))] == dataset.targets[1::2].tolist()
+    assert [odd[k][1] for k in range(len(odd))] == dataset.targets[1::2]
 
 
 def test_distributed_sampler_gives_each_rank_its_part(n, packed_many, torchvision_pairs):
@@ -237,11 +237,11 @@ def _edit_index(root: Path, edit) -> None:
 def test_an_offset_past_the_shards_end_fails_cleanly(packed_copy):
     def grow(split):  # the index claims a larger shard, its last sample past the real end
         shard = split["shards"][0]
-        table = list(decode_offsets(shard["offsets"]))
+        table = list(decode_table(shard["offsets"]))
         table[-1] = shard["bytes"] // BLOCK + 100
         shard["bytes"] += 200 * BLOCK
         split["bytes"] += 200 * BLOCK
-        shard["offsets"] = encode_offsets(table)
+        shard["offsets"] = encode_table(table)
 
     _edit_index(packed_copy, grow)
     with pytest.warns(RuntimeWarning, match="the index says"):
@@ -257,14 +257,17 @@ def test_an_offset_past_the_shards_end_fails_cleanly(packed_copy):
 def test_a_shard_the_index_says_holds_half_a_terabyte_is_read_no_further_than_its_end(packed_copy):
     def huge(split):  # a hostile index: pread would allocate the declared span before reading
         shard = split["shards"][0]
-        table = list(decode_offsets(shard["offsets"]))
+        table = list(decode_table(shard["offsets"]))
         table.append(2**29)  # one more sample, 256 GiB in
         shard["samples"] += 1
         split["samples"] += 1
         split["class_counts"][0] += 1
         shard["bytes"] += 2**39
         split["bytes"] += 2**39
-        shard["offsets"] = encode_offsets(table)
+        shard["offsets"] = encode_table(table)
+        for other in ("labels", "keys"):  # one entry each for the sample claimed
+            shard[other] = encode_table([*decode_table(shard[other]), 0])
+        del shard["sources"]
 
     _edit_index(packed_copy, huge)
     with pytest.warns(RuntimeWarning, match="the index says"):
@@ -279,9 +282,9 @@ def test_a_shard_the_index_says_holds_half_a_terabyte_is_read_no_further_than_it
 def test_an_offset_inside_a_member_fails_cleanly(packed_copy):
     def shift(split):  # sample 1 said to start one block after its header: inside its image
         shard = split["shards"][0]
-        table = list(decode_offsets(shard["offsets"]))
+        table = list(decode_table(shard["offsets"]))
         table[1] += 1
-        shard["offsets"] = encode_offsets(table)
+        shard["offsets"] = encode_table(table)
 
     _edit_index(packed_copy, shift)
     with pytest.raises(

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from imgshards.converter import ManifestError, read_manifest
 from imgshards.converter.manifest import split_member_name
-from imgshards.converter.offsets import decode_offsets, encode_offsets
+from imgshards.converter.tables import decode_table, encode_table
 from imgshards.loader import ShardDataset
 from imgshards.loader.pipeline.tar import read_run
 
@@ -96,9 +96,9 @@ def test_the_loader_delivers_the_same_epoch_with_and_without_the_table(packed_ma
 @pytest.mark.parametrize(
     ("offsets", "says"),
     [
-        (lambda t: encode_offsets(decode_offsets(t)[:-1]), "one entry per sample"),
-        (lambda t: encode_offsets(list(reversed(decode_offsets(t)))), "first sample starts at block 0"),
-        (lambda t: encode_offsets([0, *[2**32 - 1] * (len(decode_offsets(t)) - 1)]), "strictly increasing"),
+        (lambda t: encode_table(decode_table(t)[:-1]), "one entry per sample"),
+        (lambda t: encode_table(list(reversed(decode_table(t)))), "first sample starts at block 0"),
+        (lambda t: encode_table([0, *[2**32 - 1] * (len(decode_table(t)) - 1)]), "strictly increasing"),
         (lambda t: "not base64!", "base64 of 4-byte entries"),
         (lambda t: 17, "a base64 string"),
     ],

@@ -1,0 +1,179 @@
+"""A shard's tables in the index: where each sample starts, its class id, its key, its source.
+
+``pack`` writes four tables beside each shard in ``index.json`` (``imgshards index`` writes them
+for another tool's shards as it reads them), one entry per sample in stored order:
+
+- ``"offsets"``: the 512-byte block where the sample's first tar header is (shards up to 2 TiB). A
+  worker of the loader whose run starts inside a shard seeks there instead of stepping over the tar
+  headers of the samples before it (about 15 us each); the map-style ``ImageFolder`` reads a sample
+  from its start to the next one's with one ``pread``.
+- ``"labels"``: the sample's class id, so ``ImageFolder.targets`` opens no shard.
+- ``"keys"``: the CRC-32 of the sample's key (:func:`key_digest`), so a read by position can tell
+  that what it found at that start is the sample the index names, not a neighbour.
+- ``"sources"``: the sample's source path, relative to the packed tree (``cat/0001.jpg``; for
+  another tool's shards, the image member's name): ``ImageFolder.samples``.
+
+The first three are base64 of little-endian 32-bit unsigned integers; ``sources`` is base64 of the
+zlib-compressed UTF-8 paths, each ended by a NUL (a path holds none). A table may be missing (an
+index written before it, or by another tool): readers then read the shard instead. A shard of no
+samples has empty tables, ``""``, which is not a missing one.
+
+The tables are untrusted like the rest of the index: the ``*_problem`` functions check each before
+any of it is used (one entry per sample; starts from 0, increasing, inside the shard; class ids
+below the class count; the sources' compressed and decompressed sizes bounded), and a read still
+checks the tar headers it finds at a start.
+
+Standard library only, as :mod:`.manifest`, which holds them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import sys
+import zlib
+from array import array
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "BLOCK",
+    "MAX_SOURCE_BYTES",
+    "TABLES",
+    "decode_sources",
+    "decode_table",
+    "encode_sources",
+    "encode_table",
+    "key_digest",
+    "keys_problem",
+    "labels_problem",
+    "offsets_problem",
+    "sources_problem",
+]
+
+BLOCK = 512
+MAX_SOURCE_BYTES = 4096  # a source path longer than PATH_MAX is no path this tree held
+TABLES = ("offsets", "labels", "keys", "sources")  # a shard's tables, in the index's order
+_ITEM = "I" if array("I").itemsize == 4 else "L"  # 32 bits: "I" on every platform CPython runs on
+
+
+def encode_table(values: Sequence[int]) -> str:
+    """The index form of a table of 32-bit entries: sample starts (in blocks), class ids, key digests."""
+    table = array(_ITEM, values)
+    if sys.byteorder == "big":
+        table.byteswap()
+    return base64.b64encode(table.tobytes()).decode("ascii")
+
+
+def decode_table(text: str) -> array[int]:
+    """The table of 32-bit entries that :func:`encode_table` wrote.
+
+    Raises:
+        ValueError: ``text`` is not base64 of whole 32-bit entries.
+
+    """
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as e:
+        raise ValueError(f"not base64: {e}") from None
+    if len(raw) % 4:
+        raise ValueError(f"{len(raw)} bytes, not whole 4-byte entries")
+    table = array(_ITEM)
+    table.frombytes(raw)
+    if sys.byteorder == "big":
+        table.byteswap()
+    return table
+
+
+def key_digest(key: str) -> int:
+    """The ``"keys"`` entry of a sample key: the CRC-32 of its UTF-8 bytes (a name's odd bytes as read)."""
+    return zlib.crc32(key.encode("utf-8", "surrogateescape"))
+
+
+def encode_sources(paths: Iterable[str]) -> str:
+    """The index form of a shard's source paths (see the module docstring)."""
+    raw = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
+def decode_sources(text: str, samples: int) -> list[str]:
+    """The ``samples`` source paths :func:`encode_sources` wrote, inflating no more than they may hold.
+
+    Raises:
+        ValueError: not base64 of zlib data, more than ``samples`` paths' worth of bytes, or another count.
+
+    """
+    try:
+        packed = base64.b64decode(text.encode("ascii"), validate=True)
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, samples * (MAX_SOURCE_BYTES + 1) + 1)
+    except (binascii.Error, UnicodeEncodeError, zlib.error) as e:
+        raise ValueError(f"not base64 of zlib data: {e}") from None
+    if inflate.unconsumed_tail or not inflate.eof:
+        raise ValueError(f"more than {samples} paths of at most {MAX_SOURCE_BYTES} bytes, or cut short")
+    if raw and not raw.endswith(b"\0"):
+        raise ValueError("paths not each ended by a NUL")
+    paths = raw.split(b"\0")[:-1] if raw else []
+    if len(paths) != samples:
+        raise ValueError(f"one path per sample ({samples}), not {len(paths)}")
+    if any(not p or len(p) > MAX_SOURCE_BYTES for p in paths):
+        raise ValueError(f"a path empty or over {MAX_SOURCE_BYTES} bytes")
+    return [p.decode("utf-8", "surrogateescape") for p in paths]
+
+
+def _table(text: object, samples: int) -> tuple[array[int] | None, str | None]:
+    """A 32-bit table of ``samples`` entries, or what is wrong with it."""
+    if not isinstance(text, str):
+        return None, "a base64 string"
+    if len(text) > 8 * samples + 8:  # checked before decoding: base64 of 4 bytes a sample is ~5.3
+        return None, f"base64 of {samples} 4-byte entries (one per sample)"
+    try:
+        table = decode_table(text)
+    except ValueError as e:
+        return None, f"base64 of 4-byte entries ({e})"
+    if len(table) != samples:
+        return None, f"one entry per sample ({samples}), not {len(table)}"
+    return table, None
+
+
+def offsets_problem(text: object, samples: int, size: int) -> str | None:
+    """What is wrong with a shard's ``"offsets"`` for ``samples`` samples of ``size`` bytes; None: nothing."""
+    table, problem = _table(text, samples)
+    if table is None:
+        return problem
+    if samples and table[0] != 0:
+        return "a table whose first sample starts at block 0"
+    blocks = size // BLOCK
+    previous = -1
+    for start in table:
+        if start <= previous or start >= blocks:
+            return f"strictly increasing block numbers below the shard's {blocks} blocks"
+        previous = start
+    return None
+
+
+def labels_problem(text: object, samples: int, classes: int) -> str | None:
+    """What is wrong with a shard's ``"labels"`` (``samples`` samples, ``classes`` classes); None: nothing."""
+    table, problem = _table(text, samples)
+    if table is None:
+        return problem
+    if samples and max(table) >= classes:
+        return f"class ids below the index's {classes} classes"
+    return None
+
+
+def keys_problem(text: object, samples: int) -> str | None:
+    """What is wrong with a shard's ``"keys"`` for ``samples`` samples; None: nothing."""
+    return _table(text, samples)[1]
+
+
+def sources_problem(text: object, samples: int) -> str | None:
+    """What is wrong with a shard's ``"sources"``, as far as can be told without inflating it; None: nothing.
+
+    :func:`decode_sources` checks the rest (the count, each path's size) where the paths are used.
+    """
+    if not isinstance(text, str):
+        return "a base64 string"
+    # zlib stores at worst ~1.0003x its input, and every path is at most MAX_SOURCE_BYTES.
+    if len(text) > 4 * (samples * (MAX_SOURCE_BYTES + 1) // 2 + 64) // 3 + 8:
+        return f"base64 of the zlib-compressed paths of {samples} samples"
+    return None
