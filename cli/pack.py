@@ -27,6 +27,7 @@ from imgshards.converter import dry_run as plan_pack
 from imgshards.converter import pack as pack_tree
 from imgshards.converter.locate import redact_url
 from imgshards.converter.pack import check_source
+from imgshards.converter.scan import split_named
 from imgshards.converter.tarwriter import END_AT_MOST, RECORD
 
 from .exits import BadData
@@ -64,7 +65,12 @@ SECTIONS = (
 @click.command(cls=SectionedCommand, sections=SECTIONS)
 @click.argument("src", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("dst", type=PathOrURL())
-@click.option("--split", default="train", show_default=True, help="Split name; the shards' prefix.")
+@click.option(
+    "--split",
+    default=None,
+    help="Split name; the shards' prefix [default: SRC's folder name when it names a split (train, val, "
+    "test...), else train].",
+)
 @click.option(
     "--shard-size",
     type=ByteSize(),
@@ -224,6 +230,9 @@ def pack(
         raise click.UsageError("--split-file names the splits to pack; leave out --split")
     if options["val_split"] != "val" and options["val_fraction"] is None:
         raise click.UsageError("--val-split names the split of --val-fraction; add --val-fraction F")
+    if options["split"] is None:  # photos/val packs split val: a script's os.path.join(data, "val")
+        named = split_named(src) if options["val_fraction"] is None else None
+        options["split"] = named or "train"
     if progress is None:
         progress = not quiet and not dry_run and sys.stderr.isatty()
     try:

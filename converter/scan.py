@@ -39,6 +39,7 @@ __all__ = [
     "Reject",
     "ScanResult",
     "scan_tree",
+    "split_named",
     "split_tree_error",
     "tree_warnings",
 ]
@@ -322,6 +323,16 @@ def scan_tree(
         inodes=np.concatenate(inodes),
         rejects=rejects,
     )
+
+
+def split_named(root: str | os.PathLike[str]) -> str | None:
+    """The split a tree's own folder names (``photos/val`` -> ``val``), or None for a folder not named so.
+
+    ``imgshards pack photos/val shards`` packs split ``val`` without ``--split``, as a script's
+    ``os.path.join(data, "val")`` names it; any other folder's tree is ``train``.
+    """
+    name = Path(root).name
+    return name.lower() if name.lower() in SPLIT_NAMES else None
 
 
 def split_tree_error(root: str | os.PathLike[str], dst: str = "DST") -> str | None:

@@ -19,9 +19,10 @@ index written before it, or by another tool): readers then read the shard instea
 samples has empty tables, ``""``, which is not a missing one.
 
 The tables are untrusted like the rest of the index: the ``*_problem`` functions check each before
-any of it is used (one entry per sample; starts from 0, increasing, inside the shard; class ids
-below the class count; the sources' compressed and decompressed sizes bounded), and a read still
-checks the tar headers it finds at a start.
+any of it is used (one entry per sample; starts increasing and inside the shard, the first not
+always 0: another tool's shard may hold a member before its first sample; class ids below the
+class count; the sources' sizes bounded, compressed and not), and a read still checks the tar
+headers it finds at a start.
 
 Standard library only, as :mod:`.manifest`, which holds them.
 """
@@ -140,8 +141,6 @@ def offsets_problem(text: object, samples: int, size: int) -> str | None:
     table, problem = _table(text, samples)
     if table is None:
         return problem
-    if samples and table[0] != 0:
-        return "a table whose first sample starts at block 0"
     blocks = size // BLOCK
     previous = -1
     for start in table:
