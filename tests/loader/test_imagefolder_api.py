@@ -1,4 +1,4 @@
-"""``ImageFolder`` takes torchvision's whole ``ImageFolder`` API, paths as scripts join them, and tables from the index.
+"""``ImageFolder``: torchvision's whole API, paths as scripts join them, targets and samples from the index.
 
 Each test builds torchvision's ``ImageFolder`` on the source tree and imgshards' on the same tree
 packed by the real ``pack``, and holds them to the same values and the same errors, positional
@@ -186,7 +186,10 @@ import sys
 opened = []
 from imgshards.loader import ImageFolder
 ds = ImageFolder({str(root)!r})
-sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" and str(args[0]).endswith(".tar") else None)
+def hook(event, args):
+    if event == "open" and str(args[0]).endswith(".tar"):
+        opened.append(args[0])
+sys.addaudithook(hook)
 {code}
 print(len(opened))
 """
