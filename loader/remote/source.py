@@ -48,6 +48,7 @@ from imgshards.converter.errors import ManifestError
 from imgshards.converter.locate import redact_url, shown_cause
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 from imgshards.converter.remotefs import with_timeouts
+from imgshards.converter.validate import MIN_SAMPLE_BYTES
 
 from ..errors import ConfigError, ResourceLimitError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
@@ -144,8 +145,11 @@ class ShardSource:
     def check(self, shards: Sequence[ShardInfo], split: str) -> None:
         """Raise :class:`ManifestError` if a shard is missing; warn if one has another size.
 
-        Remote: one listing of the root (on HTTP, the links of its index page, which give no sizes).
-        Skipped when the root cannot be listed (a missing shard then fails when it is read).
+        A shard the index claims more samples of than its file can hold (a tar sample takes at least
+        ``MIN_SAMPLE_BYTES``) is a :class:`ConfigError` naming the field, before any count is used:
+        nothing is sized from such a claim. Remote: one listing of the root (on HTTP, the links of
+        its index page, which give no sizes). Skipped when the root cannot be listed (a missing
+        shard then fails when it is read).
         """
         if self.remote:
             sizes = self._process().listing()
@@ -161,6 +165,13 @@ class ShardSource:
                     "copy it back, or re-pack the dataset"
                 )
             size = sizes[shard.name]
+            if size is not None and shard.samples > size // MIN_SAMPLE_BYTES:
+                raise ConfigError(
+                    f"{redact_url(self.root)}/{INDEX_NAME}: splits.{split}.shards[{shards.index(shard)}]"
+                    f".samples is {shard.samples:,}, more than shard {shard.name} can hold ({size:,} "
+                    f"bytes: at most {size // MIN_SAMPLE_BYTES:,}): the index does not describe these "
+                    "shards; re-pack the dataset, or index its shards with `imgshards index`"
+                )
             if size is not None and size != shard.bytes:
                 warnings.warn(
                     f"shard {redact_url(self.url(shard.name))} is {size} bytes, the index says "

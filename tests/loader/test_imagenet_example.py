@@ -1,0 +1,69 @@
+"""A script written as pytorch/examples' ``imagenet/main.py`` switches to imgshards by its import alone.
+
+``imagenet_main.py`` (beside this file) runs as it is on the tree (``data/train``, ``data/val``),
+then with ``import torchvision.datasets as datasets`` changed to ``import imgshards.loader as
+datasets`` on the same tree packed (``imgshards pack data/train packed``, ``imgshards pack data/val
+packed``, the split named by each folder): a DDP spawn of 2 CPU processes over gloo, with
+``DistributedSampler``, to completion, and the same samples trained on and validated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("imagenet_main.py")
+TORCHVISION = "import torchvision.datasets as datasets\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(script: Path, data: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, str(script), str(data), "--multiprocessing-distributed", "--world-size", "1",
+         "--rank", "0", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-backend", "gloo"],
+        capture_output=True, text=True, timeout=240, cwd=script.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def data(tiny_tree, tmp_path_factory) -> Path:
+    """``data/train`` (40 images) and ``data/val`` (39: the samplers leave one to main.py's aux loader)."""
+    root = tmp_path_factory.mktemp("imagenet")
+    shutil.copytree(tiny_tree, root / "train")
+    shutil.copytree(tiny_tree, root / "val")
+    os.remove(min((root / "val").rglob("*.*")))
+    return root
+
+
+def test_the_imagenet_example_switches_by_its_import(data, tmp_path):
+    packed = tmp_path / "packed"
+    for split in ("train", "val"):
+        subprocess.run(
+            [sys.executable, "-m", "imgshards.cli", "pack", str(data / split), str(packed), "-q"], check=True
+        )
+    source = SCRIPT.read_text()
+    assert source.count(TORCHVISION) == 1
+    ours = tmp_path / "main.py"
+    ours.write_text(source.replace(TORCHVISION, "import imgshards.loader as datasets\n"))
+    theirs = run(SCRIPT, data)
+    assert theirs == [
+        "epoch 0: trained on 20 samples; val 39 samples, acc@1 " + theirs[0].rsplit(" ", 1)[1],
+        "epoch 1: trained on 20 samples; val 39 samples, acc@1 " + theirs[1].rsplit(" ", 1)[1],
+    ]
+    switched = run(ours, packed)
+    assert [line.rsplit(" acc@1", 1)[0] for line in switched] == [
+        line.rsplit(" acc@1", 1)[0] for line in theirs
+    ]
