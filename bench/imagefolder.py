@@ -24,6 +24,14 @@ printed, and the median of each side):
         --classes 100 --per-class 1000
     imgshards pack /tmp/tiny100k /tmp/tiny100k-shards
     python bench/imagefolder.py build /tmp/tiny100k /tmp/tiny100k-shards
+    python bench/imagefolder.py tables /tmp/tiny100k /tmp/tiny100k-shards --times 10
+    python bench/imagefolder.py throughput /tmp/inet5k /tmp/inet5k-shards --against bc91b27
+
+- ``tables``: ``targets`` and ``samples`` of a split of a million samples (the packed split's shards
+  listed ``--times`` times in an index, as hard links), each run in a fresh process: their time, the
+  memory they hold, and the shards they open (an audit hook counts every ``.tar`` opened).
+- ``--against REF`` (throughput): imgshards at git ref REF as a third side, alternated with the
+  others on the same shards (``git archive`` of REF on ``PYTHONPATH``, as ``bench/loader.py`` does).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,7 +74,10 @@ def cpu_seconds() -> float:
 def throughput_run(
     side: str, tree: Path, shards: Path, images: int, workers: int, seed: int
 ) -> tuple[float, float]:
-    """Images per second of one run of ``side``, and the CPU milliseconds an image (workers included)."""
+    """Images per second of one run of ``side``, and the CPU milliseconds an image (workers included).
+
+    Run in a fresh process (``one``): imgshards at ``--against REF`` imports another copy of it.
+    """
     import torch
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms
@@ -77,7 +89,7 @@ def throughput_run(
         [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
     )
     imagefolder.FADVISE_RANDOM = side == FADV_SIDE  # the module's switch, read as a shard opens
-    ds = datasets.ImageFolder(str(tree), trans) if side == "torchvision" else ImageFolder(shards, trans)
+    ds = datasets.ImageFolder(str(tree), trans) if side == "torchvision" else ImageFolder(str(shards), trans)
     torch.manual_seed(seed)
     loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=workers)
     cpu, start, seen = cpu_seconds(), time.perf_counter(), 0
@@ -91,8 +103,35 @@ def throughput_run(
     return seen / elapsed, (cpu_seconds() - cpu) * 1e3 / seen
 
 
+def run_side(side: str, a: argparse.Namespace, images: int, seed: int, python: str) -> tuple[float, float]:
+    """``throughput_run`` of ``side`` in a fresh process of ``python`` (the one importing its imgshards)."""
+    name = "imgshards" if side.startswith("imgshards@") else side
+    cmd = [python, str(Path(__file__).resolve()), "one", str(a.tree), str(a.shards), "--side", name]
+    cmd += ["--images", str(images), "--workers", str(a.workers), "--seed", str(seed)]
+    # Out of the repo: a checkout on sys.path would shadow the imgshards under test.
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
+    rate, ms = json.loads(out.strip().splitlines()[-1])
+    return rate, ms
+
+
+def one(a: argparse.Namespace) -> None:
+    print(json.dumps(throughput_run(a.side, a.tree, a.shards, a.images, a.workers, a.seed)))
+
+
 def throughput(a: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="imgshards-against-") as tmp:
+        pythons = {side: sys.executable for side in (*SIDES, FADV_SIDE)}
+        if a.against:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from loader import install_ref  # bench/loader.py's: git archive of REF, on PYTHONPATH
+
+            pythons[f"imgshards@{a.against}"] = str(install_ref(a.against, Path(tmp)))
+        _throughput(a, pythons)
+
+
+def _throughput(a: argparse.Namespace, pythons: dict[str, str]) -> None:
     sides = [*SIDES, FADV_SIDE] if a.fadvise else list(SIDES)
+    sides += [side for side in pythons if side.startswith("imgshards@")]
     images = a.images or sum(1 for p in a.tree.rglob("*") if p.is_file())
     print(
         f"throughput: {images} images a run, {a.workers} workers, page cache {'cold' if a.cold else 'warm'}"
@@ -106,7 +145,7 @@ def throughput(a: argparse.Namespace) -> None:
         for side in order:
             if a.cold:
                 drop_caches()
-            rate, ms = throughput_run(side, a.tree, a.shards, images, a.workers, seed=r)
+            rate, ms = run_side(side, a, images, r, pythons[side])
             rates[side].append(rate)
             cpu[side].append(ms)
         line = "  ".join(f"{s} {rates[s][-1]:7.1f}/s {cpu[s][-1]:5.2f} CPU ms" for s in sides)
@@ -120,6 +159,12 @@ def throughput(a: argparse.Namespace) -> None:
     ratios = [i / t for i, t in zip(rates["imgshards"], rates["torchvision"], strict=True)]
     print(f"\nimgshards / torchvision: median {statistics.median(ratios):.2f}x (rounds: "
           f"{' '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+    for ref in (side for side in sides if side.startswith("imgshards@")):
+        ratios = [i / t for i, t in zip(rates["imgshards"], rates[ref], strict=True)]
+        cpus = [t / i for i, t in zip(cpu["imgshards"], cpu[ref], strict=True)]
+        print(f"imgshards / {ref}: median {statistics.median(ratios):.2f}x images/s (rounds: "
+              f"{' '.join(f'{x:.2f}' for x in ratios)}); CPU an image, {ref} / this: "
+              f"{statistics.median(cpus):.3f}")  # fmt: skip
 
 
 def reads_run(side: str, tree: Path, shards: Path, images: int, seed: int) -> float:
@@ -223,9 +268,69 @@ def build(a: argparse.Namespace) -> None:
     print(f"\nimgshards builds {speed:.0f}x faster (median of the rounds' ratios)")
 
 
+_TABLES = """
+import json, os, sys, time, tracemalloc
+root = sys.argv[1]
+opened = []
+def hook(event, args):
+    if event == "open" and str(args[0]).endswith(".tar"):
+        opened.append(args[0])
+from imgshards.loader import ImageFolder
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+ds = ImageFolder(root)
+sys.addaudithook(hook)
+before = rss()
+tracemalloc.start()
+start = time.perf_counter()
+targets = ds.targets
+t_targets = time.perf_counter() - start
+samples = ds.samples
+first, last = samples[0], samples[len(samples) - 1]
+t_samples = time.perf_counter() - start - t_targets
+n = sum(1 for _ in samples)  # every item made once
+t_walk = time.perf_counter() - start - t_targets - t_samples
+held = tracemalloc.get_traced_memory()[0]
+print(json.dumps({"n": len(ds), "walked": n, "targets": t_targets, "samples": t_samples, "walk": t_walk,
+                  "held": held, "rss": rss() - before, "opened": len(opened), "count0": targets.count(0)}))
+"""
+
+
+def tables(a: argparse.Namespace) -> None:
+    """``targets`` and ``samples`` of a split of ``--times`` x the packed one (its shards listed again)."""
+    import tempfile as tmpfiles
+
+    from imgshards.converter.manifest import INDEX_NAME
+
+    with tmpfiles.TemporaryDirectory(prefix="imgshards-tables-", dir=a.shards.parent) as tmp:
+        doc = json.loads((a.shards / INDEX_NAME).read_text())
+        split = doc["splits"]["train"]
+        shards, repeated = split["shards"], []
+        for k in range(a.times):  # the same shards under new names, as hard links: no bytes copied
+            for shard in shards:
+                name = f"r{k:03d}-{shard['name']}"
+                os.link(a.shards / shard["name"], Path(tmp) / name)
+                repeated.append({**shard, "name": name})
+        split.update(shards=repeated, samples=split["samples"] * a.times, bytes=split["bytes"] * a.times)
+        split["class_counts"] = [c * a.times for c in split["class_counts"]]
+        split.pop("image_sizes", None)
+        (Path(tmp) / INDEX_NAME).write_text(json.dumps(doc))
+        print(f"tables: {split['samples']:,} samples ({a.times} x {a.shards}), each run a fresh process")
+        print("| round | targets | samples (len, first, last) | every sample walked | held (tracemalloc) "
+              "| RSS added | shards opened |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in range(a.rounds):
+            cmd = [sys.executable, "-c", _TABLES, tmp]
+            m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            print(f"| {r + 1} | {m['targets'] * 1e3:.0f} ms | {m['samples'] * 1e3:.0f} ms | "
+                  f"{m['walk'] * 1e3:.0f} ms | {m['held'] / 2**20:.1f} MiB | {m['rss'] / 2**20:.1f} MiB | "
+                  f"{m['opened']} |")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["throughput", "reads", "build"])
+    p.add_argument("what", choices=["throughput", "reads", "build", "tables", "one"])
     p.add_argument("tree", type=Path, help="the ImageFolder tree")
     p.add_argument("shards", type=Path, help="the same tree packed (imgshards pack TREE SHARDS)")
     p.add_argument("--rounds", type=int, default=3)
@@ -233,8 +338,12 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     p.add_argument("--fadvise", action="store_true", help="also imgshards with POSIX_FADV_RANDOM")
+    p.add_argument("--against", metavar="REF", help="throughput: also imgshards at git ref REF, alternated")
+    p.add_argument("--times", type=int, default=10, help="tables: the split listed this many times")
+    p.add_argument("--side", default="imgshards", help=argparse.SUPPRESS)  # one: the side to run
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args()
-    {"throughput": throughput, "reads": reads, "build": build}[a.what](a)
+    {"throughput": throughput, "reads": reads, "build": build, "tables": tables, "one": one}[a.what](a)
 
 
 if __name__ == "__main__":
