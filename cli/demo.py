@@ -1,4 +1,9 @@
-"""``imgshards demo``: make a small synthetic tree, pack it, verify it, print the summary.
+"""``imgshards demo``: make a small synthetic tree, pack it, verify it, load it, print the summary.
+
+The load is the smoke test of an install: one batch through ``ShardDataset`` and one sample through
+``ImageFolder``, from ``imgshards.loader`` (imported only here: the other commands never pay for
+torch). A loader that does not import or decode here (torch and its image libraries that do not
+match) fails the command with one line saying what to reinstall.
 
 ``--keep DIR`` keeps the tree (``DIR/photos``) and its shards (``DIR/shards``), a tree of one's own to
 try the other commands on; without it, both are in a temporary directory removed as the command
@@ -9,19 +14,30 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Any
 
 import click
 
-from imgshards.converter import PackConfig, SplitInfo, make_synthetic_tree, pack, verify
+from imgshards.converter import ImgshardsError, PackConfig, SplitInfo, make_synthetic_tree, pack, verify
 
-from .exits import BadData
-from .options import plural, workers_option
+from .exits import BadData, CantRun
+from .options import plural, shown, workers_option
 from .pack import print_summary, summary_json
 
 __all__ = ["demo"]
 
 _SHOWN_REJECTS = 10  # the demo's tree has 4 bad files; a kept DIR may have gained more
+_BATCH = 8  # images in the batch the demo loads
+# What torch and its image libraries raise when they do not load together: a native library built
+# for another torch (OSError), an extension module that does not link (ImportError), a missing
+# package (ModuleNotFoundError), a kernel that is not there (RuntimeError).
+_BROKEN = (ImportError, OSError, RuntimeError)
+_REINSTALL = (
+    "reinstall torch and its image libraries together (pip install --force-reinstall torch torchvision "
+    "torchcodec, from the index torch came from), then run imgshards demo again"
+)
 
 
 @click.command()
@@ -49,17 +65,37 @@ def demo(keep: Path | None, workers: int | None, as_json: bool, quiet: bool) -> 
             # A temporary rejects file is gone when the command ends: list what it holds instead.
             print_summary(result, rejects=None if keep else _rejects(result.dst, result.infos))
         report = verify(root / "shards", workers=workers)
-        if as_json:
-            doc = {
-                "source": str(src) if keep else None,
-                "pack": summary_json(result),
-                "verify": {"ok": report.ok, "shards": report.shards, "samples": report.samples},
-                "kept": str(root) if keep else None,
-            }
-            click.echo(json.dumps(doc, indent=1))
+        doc = {
+            "source": str(src) if keep else None,
+            "pack": summary_json(result),
+            "verify": {"ok": report.ok, "shards": report.shards, "samples": report.samples},
+            "load": None,
+            "kept": str(root) if keep else None,
+        }
         if not report.ok:
+            if as_json:
+                click.echo(json.dumps(doc, indent=1))
             raise BadData("; ".join(map(str, report.problems)))
         say(f"verified: {plural(report.shards, 'shard')}, {plural(report.samples, 'sample')} match the index")
+        try:
+            loaded = _load(root / "shards")
+        except _LoaderBroken as e:
+            doc["load"] = {"ok": False, "error": str(e)}
+            if as_json:
+                click.echo(json.dumps(doc, indent=1))
+            raise CantRun(str(e)) from None
+        doc["load"] = loaded
+        if not quiet:
+            for warning in loaded["warnings"]:
+                click.secho(f"warning: {warning}", fg="yellow", err=True)
+        if as_json:
+            click.echo(json.dumps(doc, indent=1))
+        batch, sample = loaded["batch"], loaded["imagefolder"]
+        say(
+            f"loaded: a batch of {batch[0]} images {batch} through ShardDataset, and sample 0 through "
+            f"ImageFolder (a {sample['width']}x{sample['height']} {sample['mode']} image of class "
+            f"{sample['class']}); JPEG decoder: {loaded['jpeg_decoder']}"
+        )
         if keep:
             shards = root / "shards"
             say(
@@ -71,6 +107,48 @@ def demo(keep: Path | None, workers: int | None, as_json: bool, quiet: bool) -> 
                 "the tree and its shards were in a temporary directory, now removed; "
                 "imgshards demo --keep DIR keeps them (DIR/photos, DIR/shards) to try the other commands"
             )
+
+
+class _LoaderBroken(Exception):
+    """The loader does not import, or does not load a batch, on this install (the message says why)."""
+
+
+def _load(shards: Path) -> dict[str, Any]:
+    """Load one batch through ``ShardDataset`` and sample 0 through ``ImageFolder``; say what came out.
+
+    Returns the ``"load"`` entry of ``--json``: the batch's shape, the sample's size, mode and class,
+    which library decodes JPEG, and the warnings importing the loader gave (a decoder passed over).
+
+    Raises:
+        _LoaderBroken: the loader does not import or load here; the message names the error and the fix.
+
+    """
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            from imgshards.loader import ImageFolder, ShardDataset, make_loader
+            from imgshards.loader.image.decode import JPEG_DECODER
+        dataset = ShardDataset(shards, split="train", batch_size=_BATCH)
+        batch = next(iter(make_loader(dataset, num_workers=0)))
+        image, target = ImageFolder(str(shards))[0]
+    except ImgshardsError:
+        raise  # the loader's own one-line errors (a ShardReadError is an OSError): the group says them
+    except _BROKEN as e:
+        raise _LoaderBroken(
+            f"imgshards.loader does not work on this install ({type(e).__name__}: {_first_line(e)}): "
+            f"{_REINSTALL}"
+        ) from e
+    return {
+        "ok": True,
+        "batch": list(batch.images.shape),
+        "imagefolder": {"width": image.width, "height": image.height, "mode": image.mode, "class": target},
+        "jpeg_decoder": JPEG_DECODER,
+        "warnings": [_first_line(w.message) for w in caught],
+    }
+
+
+def _first_line(said: object) -> str:
+    """The first line of an error or a warning, safe to print."""
+    return shown((str(said).strip().splitlines() or [""])[0])
 
 
 def _rejects(dst: Path | str, infos: list[SplitInfo]) -> dict[str, list[str]]:

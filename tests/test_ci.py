@@ -13,6 +13,15 @@ def _setup_commands() -> list[str]:
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
+def _quick_start_installs() -> list[str]:
+    """The ``pip install`` commands of the README's quick start, without their comments."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("pip install")]
+
+
 def _ci_lines() -> list[str]:
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
 
@@ -31,6 +40,26 @@ def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     activate = _first(ci, lambda line: line.startswith("source ") and "bin/activate" in line)
     assert venv < activate < ci.index(commands[0])
     assert "--system-site-packages" not in ci[venv]
+
+
+def test_ci_first_runs_the_user_install_and_the_demo_without_the_dev_extra():
+    # The quick start's install, as a user types it (its first line, PyTorch's CPU-only index, is not
+    # reachable from CI: torch comes from pip's default index there, and the README says so).
+    installs = _quick_start_installs()
+    assert installs[-1] == "pip install -e ." and all("[" not in line for line in installs)
+    ci = _ci_lines()
+    assert not any("download.pytorch.org" in line for line in ci if not line.startswith("#"))
+    user, dev = ci.index("pip install -e ."), ci.index('pip install -e ".[dev]" && imgshards demo')
+    demo = ci.index("imgshards demo")
+    activate = _first(ci, lambda line: line.startswith("source ") and "bin/activate" in line)
+    cd = _first(ci, lambda line: line == 'cd "$clone"')
+    assert activate < cd < user < demo < dev, "the user install and its demo come first, in the clone"
+    # Between them, nothing installs anything, and a check that no dev package came with it.
+    between = [line for line in ci[user + 1 : demo] if line and not line.startswith("#")]
+    assert not any("pip " in line for line in between)
+    assert any("pytest" in line and "find_spec" in line for line in ci[user:demo])
+    readme = (ROOT / "README.md").read_text()
+    assert "`imgshards demo` then checks the install" in readme
 
 
 def test_ci_runs_them_in_a_fresh_clone_with_no_shared_beside_it():

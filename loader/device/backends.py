@@ -3,8 +3,9 @@
 Why torchcodec first: torchvision's ``decode_jpeg(device="cuda")`` is deprecated (it warns on every
 call) and ``torchcodec.decoders.decode_jpeg`` is its successor, with the same contract (a list of
 CPU byte tensors in, one nvjpeg call, a list of ``uint8 [3, H, W]`` CUDA tensors out). torchvision's
-stays the fallback while torchcodec is not installed. NVIDIA DALI or nvImageCodec could sit behind
-the same :data:`Backend` type; neither is installed with torch, and neither can be tested here.
+stays the fallback where torchcodec is not installed or does not load here. NVIDIA DALI or
+nvImageCodec could sit behind the same :data:`Backend` type; neither is installed with torch, and
+neither can be tested here.
 
 Which decoder takes a sample is read from its header before anything is decoded (:func:`probe`).
 The training process's decoder (:mod:`.decoding`) sends to the batched GPU decoder only what it
@@ -33,7 +34,7 @@ from PIL import Image
 from imgshards.converter.imageformats import FORMATS, JPEG
 
 from ..errors import CorruptImageError
-from ..image.decode import decode, jpeg_header
+from ..image.decode import JPEG_DECODER, decode, jpeg_header
 from ..pipeline.offload import RawBatch
 
 __all__ = ["Backend", "Probe", "chunks", "decode_sample", "default_backend", "probe"]
@@ -47,8 +48,9 @@ def default_backend(device: torch.device) -> Backend:
     """The batched decoder for ``device``.
 
     On a GPU: ``torchcodec.decoders.decode_jpeg`` (nvjpeg, one call a batch), torchvision's
-    ``decode_jpeg(device="cuda")`` where torchcodec is not installed (deprecated there). On the CPU:
-    the DataLoader workers' own decoder, image by image, so both paths decode alike.
+    ``decode_jpeg(device="cuda")`` where torchcodec is not installed or does not load (deprecated
+    there; :mod:`..image.decode` tried torchcodec once, and warned if it is installed but does not
+    load). On the CPU: the DataLoader workers' own decoder, image by image, so both paths decode alike.
     """
     if torch.device(device).type == "cuda":
         return _cuda_decode
@@ -56,13 +58,14 @@ def default_backend(device: torch.device) -> Backend:
 
 
 def _cuda_decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    try:
+    # torchcodec where it loaded and decoded here (image/decode.py chose it, or said once why not).
+    if JPEG_DECODER == "torchcodec":
         from torchcodec.decoders import decode_jpeg as codec_decode_jpeg
-    except ImportError:
-        from torchvision.io import ImageReadMode, decode_jpeg
 
-        return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
-    return list(codec_decode_jpeg(datas, mode="RGB", device=device))
+        return list(codec_decode_jpeg(datas, mode="RGB", device=device))
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
 
 
 def _host_decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

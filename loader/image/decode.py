@@ -5,8 +5,11 @@ JPEG, nearly all of an ImageNet-like dataset, goes through libjpeg-turbo straigh
 (torchvision 0.29 deprecates its own image decoders in its favour and warns on every call). Where
 torchcodec is not installed, torchvision's ``decode_jpeg`` serves while torchvision still has it
 (its deprecation warning silenced: one per image would bury the user's own); without either, Pillow
-decodes JPEG too. Other formats go through Pillow, converted to RGB (palette, alpha, grayscale, CMYK)
-as ``pack`` would have converted them: upright (their EXIF orientation applied, as libjpeg-turbo
+decodes JPEG too. A decoder that is installed but does not load here (a torchcodec built for another
+torch: ``OSError: Could not load this library``) is passed over the same way, with one warning
+naming it and the fix, so the loader imports and decodes on a broken install. Other formats go
+through Pillow, converted to RGB (palette, alpha, grayscale, CMYK) as ``pack`` would have converted
+them: upright (their EXIF orientation applied, as libjpeg-turbo
 applies a JPEG's), transparency composited onto white
 (:func:`~imgshards.converter.formats.on_white`) and gray of more than 8 bits scaled to 8
 (:func:`~imgshards.converter.formats.eight_bit`), so an image kept in its own format
@@ -23,7 +26,9 @@ a preset's view of the image needs no more.
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -35,6 +40,7 @@ import torch
 from PIL import Image
 
 # EXIF orientation, flattening on white and the scaling of deep gray, as pack's conversion applies them
+from imgshards.converter.errors import printable
 from imgshards.converter.formats import eight_bit, on_white, orientation, upright
 from imgshards.converter.headers import (
     JpegHeader,
@@ -65,27 +71,32 @@ _LIBJPEG_FORMATS = frozenset(f.name for f in FORMATS if f.cpu == "libjpeg")
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, Image.DecompressionBombError)
 
 
-def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray | memoryview], torch.Tensor] | None]:
-    """The JPEG decoder of this install: torchcodec's, else torchvision's while it has one, else none."""
-    try:
-        from torchcodec.decoders import decode_jpeg as codec_decode_jpeg
-    except ImportError:  # also a torchcodec whose native libraries do not load here
-        pass
-    else:
+JpegDecode = Callable[[bytes | bytearray | memoryview], torch.Tensor]
+"""One JPEG's bytes to an RGB ``uint8 [3, H, W]`` tensor; raises ``RuntimeError`` or ``ValueError``."""
 
-        def by_torchcodec(data: bytes | bytearray | memoryview) -> torch.Tensor:
-            # bytes as they are: torchcodec reads them through a read-only tensor, no copy.
-            source = data if isinstance(data, bytes) else _tensor_of(data)
-            out = codec_decode_jpeg(source, mode="RGB")
-            assert isinstance(out, torch.Tensor)  # one source in, one image out
-            return out
+# What a decoder raises when it is installed but does not load here: a native library built for
+# another torch (torch.ops.load_library's OSError "Could not load this library"), an extension module
+# that does not link (ImportError: undefined symbol), the library's own loader giving up
+# (RuntimeError), or a first decode that fails.
+_LOAD_ERRORS = (ImportError, OSError, RuntimeError, ValueError)
 
-        return "torchcodec", by_torchcodec
-    try:
-        from torchvision.io import ImageReadMode
-        from torchvision.io import decode_jpeg as vision_decode_jpeg
-    except ImportError:  # a torchvision that no longer decodes images
-        return "pillow", None
+
+def _by_torchcodec() -> JpegDecode:
+    from torchcodec.decoders import decode_jpeg as codec_decode_jpeg
+
+    def by_torchcodec(data: bytes | bytearray | memoryview) -> torch.Tensor:
+        # bytes as they are: torchcodec reads them through a read-only tensor, no copy.
+        source = data if isinstance(data, bytes) else _tensor_of(data)
+        out = codec_decode_jpeg(source, mode="RGB")
+        assert isinstance(out, torch.Tensor)  # one source in, one image out
+        return out
+
+    return by_torchcodec
+
+
+def _by_torchvision() -> JpegDecode:
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_jpeg as vision_decode_jpeg
 
     def by_torchvision(data: bytes | bytearray | memoryview) -> torch.Tensor:
         buffer = data if isinstance(data, bytearray) else bytearray(data)  # it wants a writable buffer
@@ -93,7 +104,85 @@ def _jpeg_decoder() -> tuple[str, Callable[[bytes | bytearray | memoryview], tor
             warnings.simplefilter("ignore", DeprecationWarning)
             return vision_decode_jpeg(torch.frombuffer(buffer, dtype=torch.uint8), mode=ImageReadMode.RGB)
 
-    return "torchvision", by_torchvision
+    return by_torchvision
+
+
+class _Candidate(NamedTuple):
+    """A JPEG decoder to try: its name, how to load it, the modules it is imported from, the fix."""
+
+    name: str
+    load: Callable[[], JpegDecode]
+    modules: frozenset[str]  # an import that fails naming one of these: the decoder is not there
+    fix: str
+
+
+# In the order tried: the first that loads and decodes a JPEG decodes them all; Pillow after the last.
+_CANDIDATES = (
+    _Candidate(
+        "torchcodec",
+        _by_torchcodec,
+        frozenset({"torchcodec", "torchcodec.decoders"}),
+        "install the torchcodec release made for torch {torch} (torchcodec's README lists the pairs), "
+        "or reinstall the two together: pip install --force-reinstall torch torchvision torchcodec",
+    ),
+    _Candidate(
+        "torchvision",
+        _by_torchvision,
+        frozenset({"torchvision", "torchvision.io"}),
+        "reinstall torch and torchvision together: pip install --force-reinstall torch torchvision",
+    ),
+)
+
+
+def _jpeg_decoder() -> tuple[str, JpegDecode | None]:
+    """The JPEG decoder of this install: torchcodec's, else torchvision's while it has one, else none.
+
+    One that is not installed (or a torchvision without ``decode_jpeg``) is passed over in silence.
+    One that is installed but does not load or decode here (a native library built for another torch)
+    is passed over with one ``RuntimeWarning`` naming it, the decoder taken instead and the fix.
+    """
+    failed: list[tuple[_Candidate, BaseException]] = []
+    chosen: tuple[str, JpegDecode | None] = ("pillow", None)
+    for candidate in _CANDIDATES:
+        try:
+            decode_jpeg = candidate.load()
+            _check(decode_jpeg)
+        except _LOAD_ERRORS as e:
+            if isinstance(e, ImportError) and e.name in candidate.modules:
+                continue  # not installed, or no JPEG decoder in this version: nothing to say
+            failed.append((candidate, e))
+        else:
+            chosen = (candidate.name, decode_jpeg)
+            break
+    # Said once, by the process that imports the loader first: a spawned DataLoader worker imports it
+    # again, finds the same, and stays silent (its parent said it). It imports it while multiprocessing
+    # prepares it, before parent_process() is set: its command line says what it is then.
+    if multiprocessing.parent_process() is None and "--multiprocessing-fork" not in sys.orig_argv:
+        for candidate, error in failed:
+            warnings.warn(_cannot_load(candidate, error, chosen[0]), RuntimeWarning, stacklevel=2)
+    return chosen
+
+
+def _check(decode_jpeg: JpegDecode) -> None:
+    """Decode a small JPEG made here, or raise: a library can import and still fail at its first call."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 8), (200, 30, 60)).save(buffer, "JPEG")
+    out = decode_jpeg(buffer.getvalue())
+    if tuple(out.shape) != (3, 8, 16) or out.dtype != torch.uint8:
+        raise RuntimeError(f"decoded a 16x8 RGB JPEG as {out.dtype} {list(out.shape)}")
+
+
+def _cannot_load(candidate: _Candidate, error: BaseException, instead: str) -> str:
+    """The one line saying that ``candidate`` does not load here, what decodes instead, and the fix."""
+    said = (str(error).strip().splitlines() or [""])[0]
+    if len(said) > 200:
+        said = f"{said[:200]}... ({len(said):,} characters)"
+    fix = candidate.fix.format(torch=torch.__version__)
+    taken = "Pillow (slower)" if instead == "pillow" else instead
+    return (
+        f"{candidate.name} cannot load here ({type(error).__name__}: {printable(said)}): JPEGs decode "
+        f"with {taken} instead; {fix}"
+    )
 
 
 def _tensor_of(data: bytearray | memoryview) -> torch.Tensor:
