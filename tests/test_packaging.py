@@ -102,9 +102,11 @@ SHARED_WITH_THE_LOADER = {
     # The tables of image formats and storage protocols, one each for both halves (issue 39).
     "imgshards.converter.imageformats",
     "imgshards.converter.protocols",
-    # A split's label reader and its table of sample starts (ImageFolder's random access).
+    # A split's label reader and its tables of samples (ImageFolder's random access, targets, samples).
     "imgshards.converter.labels",
-    "imgshards.converter.offsets",
+    "imgshards.converter.tables",
+    # The index's bounds (a sample's least size bounds a shard's claimed count against its file).
+    "imgshards.converter.validate",
 }
 
 

@@ -38,18 +38,30 @@ from .conftest import one_line_error, run
 def test_packing_the_next_split_without_split_suggests_split_not_overwrite(tiny_tree, tmp_path):
     photos = tmp_path / "photos"
     shutil.copytree(tiny_tree, photos / "train")
-    shutil.copytree(tiny_tree, photos / "val")
+    shutil.copytree(tiny_tree, photos / "extra")
     dst = tmp_path / "shards"
     assert run("pack", photos / "train", dst, "--workers", "1").exit_code == 0
     index = (dst / "index.json").read_bytes()
-    result = run("pack", photos / "val", dst, "--workers", "1")
+    result = run("pack", photos / "extra", dst, "--workers", "1")  # a folder not named like a split: train
     assert result.exit_code == 2
     message = one_line_error(result)
-    assert "already holds split 'train'" in message and "pass --split val" in message
-    assert message.index("--split val") < message.index("--overwrite")  # the suggestion comes first
+    assert "already holds split 'train'" in message and "pass --split extra" in message
+    assert message.index("--split extra") < message.index("--overwrite")  # the suggestion comes first
     assert (dst / "index.json").read_bytes() == index  # nothing replaced
-    assert run("pack", photos / "val", dst, "--workers", "1", "--split", "val").exit_code == 0
+    assert run("pack", photos / "extra", dst, "--workers", "1", "--split", "extra").exit_code == 0
+    assert set(read_manifest(dst).splits) == {"train", "extra"}
+
+
+def test_a_tree_named_like_a_split_packs_as_that_split(tiny_tree, tmp_path):
+    photos = tmp_path / "photos"
+    shutil.copytree(tiny_tree, photos / "train")
+    shutil.copytree(tiny_tree, photos / "Val")
+    dst = tmp_path / "shards"
+    assert run("pack", photos / "train", dst, "--workers", "1").exit_code == 0
+    assert run("pack", photos / "Val", dst, "--workers", "1").exit_code == 0  # os.path.join(data, "Val")
     assert set(read_manifest(dst).splits) == {"train", "val"}
+    assert run("pack", photos / "train", tmp_path / "held", "--val-fraction", "0.25").exit_code == 0
+    assert set(read_manifest(tmp_path / "held").splits) == {"train", "val"}
 
 
 def test_shards_without_an_index_point_to_imgshards_index(tiny_packed, tmp_path):
