@@ -47,7 +47,8 @@ def info(
     if as_json:
         doc = manifest.to_json()
         doc["splits"] = {name: split for name, split in doc["splits"].items() if name in chosen}
-        click.echo(redact_url(json.dumps(doc, indent=1)))  # a recorded source, say
+        # Strict JSON (no NaN: the index check refuses it); a recorded source's password hidden.
+        click.echo(redact_url(json.dumps(doc, indent=1, allow_nan=False)))
         return
     names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
     click.echo(

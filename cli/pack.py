@@ -25,6 +25,7 @@ from imgshards.converter import (
 )
 from imgshards.converter import dry_run as plan_pack
 from imgshards.converter import pack as pack_tree
+from imgshards.converter.config import MAX_SEED
 from imgshards.converter.errors import shown
 from imgshards.converter.locate import redact_url
 from imgshards.converter.pack import check_source
@@ -85,7 +86,13 @@ SECTIONS = (
     help="Also close a shard once it holds N samples (tarp's --maxcount, ShardWriter(maxcount=)) "
     "[default: no cap, the size decides].",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the global shuffle.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=0,
+    show_default=True,
+    help="Seed of the global shuffle.",
+)
 @click.option(
     "--check",
     type=click.Choice([c.value for c in Check]),
