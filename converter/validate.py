@@ -134,8 +134,8 @@ def split_name_error(name: object, what: str) -> str | None:
     if isinstance(name, str) and name and len(name) <= MAX_SPLIT_NAME and set(name) <= SPLIT_CHARS:
         return None
     return (
-        f"{what} must be lower-case letters, digits and '_', at most {MAX_SPLIT_NAME} of them; got "
-        f"{shown(name, quoted=True)}"
+        f"{what} {shown(name, quoted=True)} must be lower-case letters, digits and '_', at most "
+        f"{MAX_SPLIT_NAME} of them"
     )
 
 
