@@ -21,9 +21,10 @@ from typing import Any
 import click
 
 from imgshards.converter import ImgshardsError, PackConfig, SplitInfo, make_synthetic_tree, pack, verify
+from imgshards.converter.errors import shown
 
 from .exits import BadData, CantRun
-from .options import plural, shown, workers_option
+from .options import plural, workers_option
 from .pack import print_summary, summary_json
 
 __all__ = ["demo"]
@@ -157,8 +158,8 @@ def _rejects(dst: Path | str, infos: list[SplitInfo]) -> dict[str, list[str]]:
     for info in infos:
         lines = Path(dst, str(info.rejects_file)).read_text().splitlines()
         rows = [json.loads(line) for line in lines]
-        shown = [f"{row['path']}: {row['reason']}" for row in rows[:_SHOWN_REJECTS]]
+        files = [f"{shown(row['path'])}: {shown(row['reason'])}" for row in rows[:_SHOWN_REJECTS]]
         if len(rows) > _SHOWN_REJECTS:
-            shown.append(f"... and {len(rows) - _SHOWN_REJECTS:,} more")
-        listed[info.name] = shown
+            files.append(f"... and {len(rows) - _SHOWN_REJECTS:,} more")
+        listed[info.name] = files
     return listed

@@ -10,7 +10,7 @@ import click
 
 from imgshards.converter import IndexConfig, read_classes
 from imgshards.converter import index as index_shards
-from imgshards.converter.errors import UnreadableSamplesError
+from imgshards.converter.errors import UnreadableSamplesError, shown
 from imgshards.converter.locate import redact_url
 
 from .exits import BadData
@@ -81,7 +81,7 @@ def index(
         raise BadData(str(e)) from e  # exit 1: the data is bad, as for verify
     info, classes = result.info, result.manifest.classes
     for warning in result.warnings:
-        click.secho(f"warning: {warning}", fg="yellow", err=True)
+        click.secho(f"warning: {shown(warning, most=None)}", fg="yellow", err=True)
     if as_json:
         doc = {
             "index": str(join(dst, "index.json")),
@@ -101,7 +101,8 @@ def index(
     if quiet:
         return
     click.echo(
-        f"indexed split {result.split!r} of {redact_url(str(dst))}: {plural(info.samples, 'sample')} of "
+        f"indexed split {shown(result.split, quoted=True)} of {shown(redact_url(str(dst)))}: "
+        f"{plural(info.samples, 'sample')} of "
         f"{plural(len(classes), 'class', 'classes')} in {plural(len(info.shards), 'shard')} "
         f"({format_bytes(info.bytes)})"
     )
@@ -113,10 +114,11 @@ def index(
         f"  classes per shard: {result.classes_per_shard:.1f} "
         f"(shuffled shards would hold {result.shuffled_classes_per_shard:.1f})"
     )
-    click.echo(f"  wrote {redact_url(str(join(dst, 'index.json')))} and _info.json; the shards are unchanged")
+    click.echo(
+        f"  wrote {shown(redact_url(str(join(dst, 'index.json'))))} and _info.json; the shards are unchanged"
+    )
 
 
 def _some(names: tuple[str, ...]) -> str:
-    """A few class names, printable (a name from a foreign dataset may hold control characters)."""
-    shown = ", ".join(n.encode("unicode_escape").decode("ascii") for n in names[:3])
-    return shown + (f", ... ({len(names):,} in all)" if len(names) > 3 else "")
+    """A few class names, shown (a name from a foreign dataset may hold control characters)."""
+    return ", ".join(map(shown, names[:3])) + (f", ... ({len(names):,} in all)" if len(names) > 3 else "")

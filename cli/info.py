@@ -9,11 +9,12 @@ from pathlib import Path
 import click
 
 from imgshards.converter import read_manifest
+from imgshards.converter.errors import shown
 from imgshards.converter.locate import redact_url
 from imgshards.converter.remotefs import with_timeouts
 
 from .exits import CantRun
-from .options import format_bytes, plural, shown
+from .options import format_bytes, plural
 from .storage import PathOrURL, storage_option, timeout_option
 
 __all__ = ["info"]
@@ -39,15 +40,20 @@ def info(
     unknown = [name for name in splits if name not in manifest.splits]
     if unknown:
         have = ", ".join(map(shown, sorted(manifest.splits))) or "none"
-        raise CantRun(f"{redact_url(str(dst))} has no split {shown(unknown[0])!r}; its splits: {have}")
+        raise CantRun(
+            f"{shown(redact_url(str(dst)))} has no split {shown(unknown[0], quoted=True)}; its splits: {have}"
+        )
     chosen = sorted(set(splits) or manifest.splits)
     if as_json:
         doc = manifest.to_json()
         doc["splits"] = {name: split for name, split in doc["splits"].items() if name in chosen}
-        click.echo(redact_url(json.dumps(doc, indent=1)))  # a recorded source, say
+        # Strict JSON (no NaN: the index check refuses it); a recorded source's password hidden.
+        click.echo(redact_url(json.dumps(doc, indent=1, allow_nan=False)))
         return
     names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
-    click.echo(f"{redact_url(str(dst))}: {plural(len(manifest.classes), 'class', 'classes')} ({names})")
+    click.echo(
+        f"{shown(redact_url(str(dst)))}: {plural(len(manifest.classes), 'class', 'classes')} ({names})"
+    )
     for name in chosen:
         split = manifest.splits[name]
         sizes = [s.bytes for s in split.shards]

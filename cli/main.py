@@ -8,6 +8,7 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from imgshards.converter import ImgshardsError
+from imgshards.converter.errors import shown
 from imgshards.converter.locate import redact_url
 
 from .bench import bench
@@ -15,11 +16,12 @@ from .demo import demo
 from .exits import EXIT_INTERRUPTED, BadUsage, CantRun
 from .index import index
 from .info import info
-from .options import shown
 from .pack import pack
 from .verify import verify
 
 __all__ = ["cli", "main"]
+
+_MESSAGE_MOST = 4096  # the longest error line printed whole; its values are cut to far less
 
 # The commands in the order of a workflow, each with one line of what it does and one example.
 _COMMANDS = (
@@ -49,7 +51,8 @@ class _Group(click.Group):
         except click.UsageError as e:  # an unknown command or option, a missing argument
             raise _one_line(e) from e
         except ImgshardsError as e:
-            raise CantRun(shown(redact_url(str(e)))) from e  # a name in it may hold escape codes; a password
+            # A name in it may hold escape codes, a URL a password; its values are cut already (a guard).
+            raise CantRun(shown(redact_url(str(e)), most=_MESSAGE_MOST)) from e
         except KeyboardInterrupt:
             if ctx.invoked_subcommand == "pack":
                 message = (

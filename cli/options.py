@@ -8,9 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from imgshards.converter.errors import printable
-
-__all__ = ["ByteSize", "SectionedCommand", "format_bytes", "plural", "shown", "workers_option"]
+__all__ = ["ByteSize", "SectionedCommand", "format_bytes", "plural", "workers_option"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,14 +69,6 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
-
-
-def shown(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters (escape codes) and undecodable bytes escaped.
-
-    Class names and reject reasons come from a dataset's index, which is untrusted input.
-    """
-    return printable(text)
 
 
 class SectionedCommand(click.Command):

@@ -25,6 +25,8 @@ from imgshards.converter import (
 )
 from imgshards.converter import dry_run as plan_pack
 from imgshards.converter import pack as pack_tree
+from imgshards.converter.config import MAX_SEED
+from imgshards.converter.errors import shown
 from imgshards.converter.locate import redact_url
 from imgshards.converter.pack import check_source
 from imgshards.converter.scan import split_named
@@ -32,7 +34,7 @@ from imgshards.converter.tarwriter import END_AT_MOST, RECORD
 
 from .exits import BadData
 from .info import balance
-from .options import ByteSize, SectionedCommand, format_bytes, plural, shown, workers_option
+from .options import ByteSize, SectionedCommand, format_bytes, plural, workers_option
 from .storage import PathOrURL, join, storage_option
 
 __all__ = ["SECTIONS", "dry_run_json", "pack", "print_dry_run", "print_summary", "summary_json"]
@@ -90,7 +92,13 @@ SECTIONS = (
     help="Also close a shard once it holds N samples (tarp's --maxcount, ShardWriter(maxcount=)) "
     "[default: no cap, the size decides].",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the global shuffle.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=0,
+    show_default=True,
+    help="Seed of the global shuffle.",
+)
 @click.option(
     "--check",
     type=click.Choice([c.value for c in Check]),
@@ -244,7 +252,7 @@ def pack(
         if config.strict:
             raise SourceError(f"refused (--strict): {warning}")
         if not dry_run:  # a dry run prints its warnings in its report
-            click.secho(f"warning: {warning}", fg="yellow", err=True)
+            click.secho(f"warning: {shown(warning, most=None)}", fg="yellow", err=True)
     if dry_run:
         plan = plan_pack(src, dst, config)
         if as_json:
@@ -262,11 +270,13 @@ def pack(
         print_summary(result)
     else:
         for warning in _warnings(result):
-            click.secho(f"warning: {warning}", fg="yellow", err=True)
+            click.secho(f"warning: {shown(warning, most=None)}", fg="yellow", err=True)
     rejected_all = [info.name for info in result.infos if info.samples == 0]
     if rejected_all:
         where = ", ".join(
-            redact_url(str(join(result.dst, str(i.rejects_file)))) for i in result.infos if i.samples == 0
+            shown(redact_url(str(join(result.dst, str(i.rejects_file)))))
+            for i in result.infos
+            if i.samples == 0
         )
         raise BadData(f"every file of split(s) {', '.join(rejected_all)} was rejected: see {where}")
 
@@ -298,13 +308,14 @@ def dry_run_json(plan: DryRun, dst: Path | str, config: PackConfig) -> dict[str,
 def print_dry_run(plan: DryRun, dst: Path | str, config: PackConfig) -> None:
     """Print what a pack would write into ``dst``, split by split; then that nothing was written."""
     names = ", ".join(map(shown, plan.classes[:5])) + (", ..." if len(plan.classes) > 5 else "")
-    click.echo(f"dry run: {plan.src} holds {plural(len(plan.classes), 'class', 'classes')} ({names})")
+    click.echo(f"dry run: {shown(plan.src)} holds {plural(len(plan.classes), 'class', 'classes')} ({names})")
     cap = f", at most {plural(config.max_samples, 'sample')} each" if config.max_samples else ""
     for split in plan.splits:
         low, high = min(split.shard_samples, default=0), max(split.shard_samples, default=0)
         per_shard = f"{low:,}" if low == high else f"{low:,}..{high:,}"
         click.echo(
-            f"  split {split.name!r}: {plural(split.samples, 'sample')} in {plural(split.shards, 'shard')} "
+            f"  split {shown(split.name, quoted=True)}: {plural(split.samples, 'sample')} in "
+            f"{plural(split.shards, 'shard')} "
             f"of {per_shard} samples, about {format_bytes(split.bytes)} "
             f"(shards up to {format_bytes(config.shard_size)}{cap})"
         )
@@ -315,10 +326,10 @@ def print_dry_run(plan: DryRun, dst: Path | str, config: PackConfig) -> None:
         else:
             click.echo("    rejected by the scan: none")
     for warning in plan.warnings:
-        click.secho(f"  warning: {warning}", fg="yellow")
+        click.secho(f"  warning: {shown(warning, most=None)}", fg="yellow")
     check = Check(config.check).value
     click.echo(
-        f"nothing written to {redact_url(str(dst))}; without --dry-run, pack also checks each image "
+        f"nothing written to {shown(redact_url(str(dst)))}; without --dry-run, pack also checks each image "
         f"(--check {check}), "
         "which may reject more, and converts formats, which changes the sizes"
     )
@@ -328,7 +339,7 @@ def _warnings(result: PackResult) -> list[str]:
     """Warnings about the packed splits (the tree's own, :attr:`PackResult.warnings`, come first)."""
     notes = []
     for info in result.infos:
-        prefix = f"split {info.name!r}: " if len(result.infos) > 1 else ""
+        prefix = f"split {shown(info.name, quoted=True)}: " if len(result.infos) > 1 else ""
         notes += [prefix + note for note in reader_warnings(info.formats)]
         empty = [name for name, n in zip(result.manifest.classes, info.class_counts, strict=True) if n == 0]
         if empty and info.samples:
@@ -387,7 +398,7 @@ def print_summary(result: PackResult, *, rejects: Mapping[str, Sequence[str]] | 
     for info in result.infos:
         classes = plural(len(result.manifest.classes), "class", "classes")
         click.echo(
-            f"packed split {info.name!r} into {redact_url(str(result.dst))}: "
+            f"packed split {shown(info.name, quoted=True)} into {shown(redact_url(str(result.dst)))}: "
             f"{plural(info.samples, 'sample')} of "
             f"{classes} in {plural(len(info.shards), 'shard')} ({format_bytes(info.bytes)})"
         )
@@ -409,7 +420,7 @@ def print_summary(result: PackResult, *, rejects: Mapping[str, Sequence[str]] | 
                 for line in rejects[info.name]:
                     click.echo(f"    {shown(line)}")
             else:
-                where = redact_url(str(join(result.dst, str(info.rejects_file))))
+                where = shown(redact_url(str(join(result.dst, str(info.rejects_file)))))
                 click.echo(f"  rejected {plural(info.rejects_total, 'file')} ({reasons}): see {where}")
         else:
             click.echo("  no file rejected")
@@ -420,9 +431,9 @@ def print_summary(result: PackResult, *, rejects: Mapping[str, Sequence[str]] | 
         f"earlier run, in {result.seconds:.1f} s ({rate:,.0f} samples/s overall)"
     )
     if result.engine != "pool":
-        per_node = ", ".join(f"{node} {n}" for node, n in result.nodes.items()) or "none"
+        per_node = ", ".join(f"{shown(node)} {n}" for node, n in result.nodes.items()) or "none"
         click.echo(f"  shards written per node ({len(result.nodes)} nodes): {per_node}")
     if result.retried:
         click.echo(f"  written again after an attempt was cut off: {', '.join(result.retried)}")
     for warning in [*result.warnings, *_warnings(result)]:
-        click.secho(f"  warning: {warning}", fg="yellow")
+        click.secho(f"  warning: {shown(warning, most=None)}", fg="yellow")

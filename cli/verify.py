@@ -9,10 +9,11 @@ import click
 
 from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
+from imgshards.converter.errors import shown
 from imgshards.converter.locate import redact_url
 
 from .exits import BadData
-from .options import plural, shown, workers_option
+from .options import plural, workers_option
 from .storage import PathOrURL, join, storage_option, timeout_option
 
 __all__ = ["SHOWN_PROBLEMS", "verify"]
@@ -70,10 +71,10 @@ def verify(
     if not report.ok:
         raise BadData(
             f"{plural(len(report.problems), 'problem')} in {plural(report.shards, 'shard')} of "
-            f"{redact_url(str(dst))}"
+            f"{shown(redact_url(str(dst)))}"
         )
     if not as_json and not quiet:
         click.echo(
             f"ok: {plural(report.shards, 'shard')}, {plural(report.samples, 'sample')} match "
-            f"{redact_url(str(index))}"
+            f"{shown(redact_url(str(index)))}"
         )

@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from .check import Check
+from .errors import shown
 from .manifest import Manifest, SplitInfo
 from .readorder import ReadOrder
 from .resizehint import ResizeHint
-from .splits import SPLIT_CHARS
+from .validate import split_name_error
 from .write import ShardRecord
 
-__all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "PackConfig", "PackHooks", "PackResult"]
+__all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks", "PackResult"]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
+MAX_SEED = 2**63 - 1  # numpy's generators take any non-negative integer; an int64 fits every reader
 ENGINES = ("pool", "ray")
 
 
@@ -32,12 +34,13 @@ class PackConfig:
 
     Attributes:
         split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
-            digits and underscores. With ``val_fraction``, the split of the rest of the tree.
+            digits and underscores, at most 100 (:func:`~.validate.split_name_error`). With
+            ``val_fraction``, the split of the rest of the tree.
         shard_size: Shards are closed before their members pass this many bytes (at least one
             sample each); the end of the tar adds up to ``tarwriter.END_AT_MOST`` bytes to the file.
         max_samples: Also close a shard once it holds this many samples (tarp's ``--maxcount``,
             ``webdataset.ShardWriter(maxcount=)``); ``None``: the size alone decides.
-        seed: Seed of the global shuffle that mixes classes across shards.
+        seed: Seed of the global shuffle that mixes classes across shards, in 0..``MAX_SEED``.
         check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
             (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.
         max_pixels: Reject an image whose header declares more pixels (``width * height``) than
@@ -95,8 +98,10 @@ class PackConfig:
 
     def __post_init__(self) -> None:
         for name, value in (("split", self.split), ("val_split", self.val_split)):
-            if not value or not set(value) <= SPLIT_CHARS:
-                raise ValueError(f"{name} must be lower-case letters, digits and '_', got {value!r}")
+            if (problem := split_name_error(value, name)) is not None:
+                raise ValueError(problem)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an integer in 0..{MAX_SEED}, got {shown(self.seed)}")
         if self.val_fraction is not None:
             if not 0 < self.val_fraction < 1:
                 raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")

@@ -1,8 +1,9 @@
 """Errors raised by the converter, one class per thing a user can get wrong.
 
 Every error carries the offending path or value and says what to do; the CLI prints ``str(error)``
-as a one-line message, never a traceback. Names from a tree or a dataset go into a message through
-:func:`printable`: a terminal escape code in a directory name is shown, not obeyed.
+as a one-line message, never a traceback. Names from a tree or a dataset (a path, a class, a split,
+a key) go into a message through :func:`shown`: a terminal escape code in a directory name is shown,
+not obeyed, and a name of a million characters is cut to its ends and its length.
 """
 
 from __future__ import annotations
@@ -19,17 +20,43 @@ __all__ = [
     "SplitFileError",
     "UnreadableSamplesError",
     "UnsafeFileError",
-    "printable",
+    "shown",
 ]
 
 
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters (escape codes) and undecodable bytes escaped.
+# What a long value keeps of its start and its end (a name may be 10 MB). A path a person may copy
+# from a message (a command to run) is seldom over 256 characters, so those are shown whole.
+_HEAD, _TAIL = 190, 63
+MOST_SHOWN = _HEAD + _TAIL + 3  # "..." between them
 
-    An ESC character comes out as the four characters of its escape; printable text, backslashes
-    included, is unchanged, so escaping twice changes nothing more.
+
+def shown(value: object, *, quoted: bool = False, most: int | None = MOST_SHOWN) -> str:
+    r"""``value`` as a person may read it on a terminal: the one way an untrusted name is shown.
+
+    Control characters (ESC, CR, BEL...), bidi controls (U+202E) and undecodable bytes (surrogates)
+    come out as their Python escapes (``\x1b``, ``\u202e``), so a folder name cannot clear the
+    screen, rewrite the line or reverse what is read; printable text, backslashes included, is
+    unchanged. A value over ``most`` characters is cut to its start and end with its length:
+    ``aaaa...zzzz (10,000,000 characters)``.
+
+    Args:
+        value: A path, class, split or key (anything else is shown as its ``str``).
+        quoted: Put the shown text between single quotes (sample keys: ``sample '00042'``).
+        most: The longest value shown whole; ``None`` never cuts (a whole message of shown parts).
+
     """
-    if text.isprintable():
+    text = value if isinstance(value, str) else str(value)
+    if most is not None and len(text) > most:
+        head, tail = max(1, most * _HEAD // MOST_SHOWN), max(1, most * _TAIL // MOST_SHOWN)
+        out = f"{_escaped(text[:head])}...{_escaped(text[-tail:])}"
+        note = f" ({len(text):,} characters)"
+    else:
+        out, note = _escaped(text), ""
+    return f"'{out}'{note}" if quoted else out + note
+
+
+def _escaped(text: str) -> str:
+    if text.isprintable():  # letters, digits, punctuation, spaces: nothing to escape
         return text
     return "".join(
         c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text

@@ -34,12 +34,11 @@ from .locate import redact_url
 from .manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
 from .shardscan import ShardScan, ShardStore, Value
 from .tables import encode_table
-from .validate import check_index
+from .validate import check_index, split_name_error
 
 __all__ = ["MADE_BY", "IndexConfig", "IndexResult", "index", "read_classes"]
 
 MADE_BY = "imgshards index"
-_SPLIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 _MAX_DERIVED_CLASSES = 1_000_000
 _ALL_CLASSES = f"remove {INDEX_NAME} and index every split with --classes FILE naming every class"
 
@@ -49,7 +48,8 @@ class IndexConfig:
     """What to index and how to read labels.
 
     Attributes:
-        split: Name of the split the shards become: lower-case letters, digits and underscores.
+        split: Name of the split the shards become: lower-case letters, digits and underscores, at
+            most 100 (:func:`~.validate.split_name_error`).
         shards: Glob of the shards' file names directly under the source (``train-*.tar``).
         label_field: Read labels from this field of each sample's ``.json``; None: from ``.cls``.
         classes: Class names, a label id being a position in it; None: kept or derived (see module).
@@ -68,8 +68,8 @@ class IndexConfig:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if not self.split or not set(self.split) <= _SPLIT_CHARS:
-            raise ValueError(f"split must be lower-case letters, digits and '_', got {self.split!r}")
+        if (problem := split_name_error(self.split, "split")) is not None:
+            raise ValueError(problem)
         if not self.shards or "/" in self.shards or self.shards.startswith("."):
             raise ValueError(
                 f"shards is a glob of file names in the source, like '*.tar'; got {self.shards!r}"

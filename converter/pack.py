@@ -43,7 +43,7 @@ from .destination import (
     write_index,
 )
 from .engine import Engine, make_engine
-from .errors import DestinationError, SourceError
+from .errors import DestinationError, ManifestError, SourceError
 from .failures import explained
 from .formats import main_format
 from .imagesizes import SizeStats, size_stats
@@ -59,6 +59,7 @@ from .scan import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
 from .splits import Part, read_split_file
 from .tables import TABLES
 from .tasks import plan_part, shard_task, split_names, split_parts
+from .validate import check_index
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, gather, write_shard
 
@@ -386,6 +387,12 @@ def _finish(
         splits = dict(read_manifest(dst).splits) if (dst / INDEX_NAME).exists() else {}
         splits.update(infos)
         manifest = Manifest(scan.classes, splits)
+        try:  # never commit an index that its readers (info, verify, the loader) would refuse
+            check_index(manifest.to_json(), f"the index of {dst}")
+        except ManifestError as e:
+            raise SourceError(
+                str(e).replace("; re-pack the dataset", "; nothing was written to the index")
+            ) from None
         write_index(dst, manifest)
     return manifest
 

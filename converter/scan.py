@@ -29,7 +29,7 @@ from typing import overload
 import numpy as np
 
 from .check import Reason
-from .errors import SourceError, printable
+from .errors import SourceError, shown
 from .locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
 
 __all__ = [
@@ -231,7 +231,7 @@ def find_classes(root: Path) -> tuple[list[str], list[Reject]]:
     if not classes:
         images = sorted(e.name for e in entries if e.name.lower().endswith(_PACKED_EXTENSIONS))
         if images:  # a flat folder of images: the labels are nowhere yet
-            some = ", ".join(printable(name) for name in images[:2]) + (", ..." if len(images) > 2 else "")
+            some = ", ".join(shown(name) for name in images[:2]) + (", ..." if len(images) > 2 else "")
             raise SourceError(
                 f"no class directories in {root}, only {len(images):,} image{'s' if len(images) > 1 else ''} "
                 f"({some}): an image's class is the folder it is in, root/<class>/<image>; move them into "
@@ -284,7 +284,7 @@ def scan_tree(
         for label, listing in enumerate(listings):
             rejects.extend(listing.rejects)
             if not len(listing.lengths):
-                name = printable(classes[label])
+                name = shown(classes[label])
                 cause = [r.detail.rpartition(": ")[2] for r in listing.rejects if r.path == classes[label]]
                 if cause:
                     unlisted.append(f"{name} ({cause[0]})")
@@ -305,9 +305,9 @@ def scan_tree(
             "make them readable (chmod) or remove them"
         )
     if empty:
-        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        names = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise SourceError(
-            f"class director{'ies' if len(empty) > 1 else 'y'} with no image in {root}: {shown}. "
+            f"class director{'ies' if len(empty) > 1 else 'y'} with no image in {shown(root)}: {names}. "
             f"Images need one of the extensions {', '.join(_PACKED_EXTENSIONS)}; remove or fill "
             "the empty class directories (ImageFolder refuses them too)"
         )
@@ -350,9 +350,11 @@ def split_tree_error(root: str | os.PathLike[str], dst: str = "DST") -> str | No
         return None  # the scan says what is wrong with the root
     if not classes or not all(name.lower() in SPLIT_NAMES for name in classes):
         return None
-    commands = "; ".join(f"imgshards pack {root / name} {dst} --split {_flag(name)}" for name in classes)
+    commands = "; ".join(
+        f"imgshards pack {shown(root / name)} {shown(dst)} --split {_flag(name)}" for name in classes
+    )
     return (
-        f"the class folders of {root} are all split names ({', '.join(map(printable, classes))}), not "
+        f"the class folders of {shown(root)} are all split names ({', '.join(map(shown, classes))}), not "
         f"classes: pack each split from its own tree: {commands} (--allow-split-names packs them as "
         "classes anyway)"
     )
@@ -378,11 +380,14 @@ def tree_warnings(root: str | os.PathLike[str], dst: str = "DST") -> tuple[str, 
         return ()  # the scan says what is wrong with the root
     splits = [name for name in classes if name.lower() in SPLIT_NAMES]
     if splits:
-        named = ", ".join(splits)
-        commands = "; ".join(f"imgshards pack {root / name} {dst} --split {_flag(name)}" for name in splits)
+        named = ", ".join(map(shown, splits))
+        commands = "; ".join(
+            f"imgshards pack {shown(root / name)} {shown(dst)} --split {_flag(name)}" for name in splits
+        )
         return (
-            f"the class folders of {root} are named like splits ({named}): packing it makes {len(classes)} "
-            f"class{'es' if len(classes) != 1 else ''} named {', '.join(classes[:4])}"
+            f"the class folders of {shown(root)} are named like splits ({named}): packing it makes "
+            f"{len(classes)} class{'es' if len(classes) != 1 else ''} named "
+            f"{', '.join(map(shown, classes[:4]))}"
             f"{', ...' if len(classes) > 4 else ''}. Did you mean to pack each split from its own tree? "
             f"{commands}",
         )
@@ -394,17 +399,18 @@ def tree_warnings(root: str | os.PathLike[str], dst: str = "DST") -> tuple[str, 
         nested.append(folders)
     if not nested:
         return ()
-    first = classes[0]
-    inner = ", ".join(nested[0][:3]) + (", ..." if len(nested[0]) > 3 else "")
+    first = shown(classes[0])
+    inner = ", ".join(map(shown, nested[0][:3])) + (", ..." if len(nested[0]) > 3 else "")
     if len(classes) == 1:
         which = f"the one class folder, {first},"
     else:
-        which = f"every class folder ({', '.join(classes[:3])}{', ...' if len(classes) > 3 else ''})"
+        some = ", ".join(map(shown, classes[:3])) + (", ..." if len(classes) > 3 else "")
+        which = f"every class folder ({some})"
     plural = "es" if len(classes) != 1 else ""
     return (
-        f"in {root}, {which} holds only folders ({first}/{inner}) and no image at its top level: "
+        f"in {shown(root)}, {which} holds only folders ({first}/{inner}) and no image at its top level: "
         f"packing it makes {len(classes)} class{plural} of the folders above the images. If the classes "
-        f"are the folders inside, pack that tree: imgshards pack {root / first} {dst}",
+        f"are the folders inside, pack that tree: imgshards pack {shown(root / classes[0])} {shown(dst)}",
     )
 
 

@@ -27,12 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from .check import Reason
-from .errors import SplitFileError
+from .errors import SplitFileError, shown
 from .scan import Reject, ScanResult
+from .validate import SPLIT_CHARS, split_name_error
 
-__all__ = ["Part", "read_split_file", "split_by_file", "split_stratified", "whole"]
-
-SPLIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+__all__ = ["SPLIT_CHARS", "Part", "read_split_file", "split_by_file", "split_stratified", "whole"]
 
 
 @dataclass(frozen=True)
@@ -119,31 +118,31 @@ def read_split_file(path: str | os.PathLike[str]) -> dict[str, list[str]]:
 
     """
     path = Path(path)
+    where = shown(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise SplitFileError(f"cannot read split file {path}: {e.strerror}") from e
+        raise SplitFileError(f"cannot read split file {where}: {e.strerror}") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SplitFileError(f"split file {path} is not JSON ({e})") from e
+        raise SplitFileError(f"split file {where} is not JSON ({e})") from e
     example = '{"train": ["cat/1.jpg", ...], "val": ["dog/7.jpg", ...]}'
     if not isinstance(data, dict) or not data:
         raise SplitFileError(
-            f"split file {path} must be a JSON object of split name -> paths, like {example}"
+            f"split file {where} must be a JSON object of split name -> paths, like {example}"
         )
     seen: dict[str, str] = {}
     splits: dict[str, list[str]] = {}
     for name, paths in data.items():
-        if not name or not set(name) <= SPLIT_CHARS:
-            raise SplitFileError(
-                f"split file {path}: split name {name!r} must be lower-case letters, digits and '_'"
-            )
+        if (problem := split_name_error(name, "split name")) is not None:
+            raise SplitFileError(f"split file {where}: {problem}")
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise SplitFileError(f"split file {path}: {name!r} must be a list of paths, like {example}")
+            raise SplitFileError(f"split file {where}: {name!r} must be a list of paths, like {example}")
         normal = [p.removeprefix("./") for p in paths]
         for p in normal:
             if p in seen:
                 raise SplitFileError(
-                    f"split file {path}: {p!r} is listed in {seen[p]!r} and again in {name!r}"
+                    f"split file {where}: {shown(p, quoted=True)} is listed in {seen[p]!r} and again in "
+                    f"{name!r}"
                 )
             seen[p] = name
         splits[name] = normal
@@ -160,11 +159,12 @@ def split_by_file(scan: ScanResult, splits: dict[str, list[str]], where: str) ->
     position = {p: i for i, p in enumerate(scan.paths)}
     unknown = [p for paths in splits.values() for p in paths if p not in position]
     if unknown:
-        shown = ", ".join(repr(p) for p in unknown[:5]) + (
+        some = ", ".join(shown(p, quoted=True) for p in unknown[:5]) + (
             f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         )
         raise SplitFileError(
-            f"{len(unknown)} path(s) in split file {where} are not images of {scan.root}: {shown}. "
+            f"{len(unknown)} path(s) in split file {shown(where)} are not images of {shown(scan.root)}: "
+            f"{some}. "
             "Paths are relative to the tree's root, like 'cat/1.jpg'"
         )
     listed = np.zeros(len(scan), dtype=bool)

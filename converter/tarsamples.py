@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
+from . import errors
 from .errors import ShardFormatError
 from .labels import MAX_LABEL_BYTES, label_value
 from .manifest import IMAGE_EXTENSIONS
@@ -178,5 +179,5 @@ def checked_samples(
 
 
 def shown(key: str) -> str:
-    """A sample key as a message shows it: quoted, and shortened when long (a name may be 1 MiB)."""
-    return repr(key if len(key) <= 120 else f"{key[:80]}...{key[-30:]}")
+    """A sample key as a message shows it: :func:`~.errors.shown`, quoted (``sample '00042'``)."""
+    return errors.shown(key, quoted=True)

@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import ManifestError, UnsafeFileError
+from .errors import ManifestError, UnsafeFileError, shown
 from .tables import TABLES, keys_problem, labels_problem, offsets_problem, sources_problem
 
 __all__ = [
@@ -48,12 +49,15 @@ __all__ = [
     "MAX_INDEX_VALUES",
     "MAX_SHARD_BYTES",
     "MAX_SIDE",
+    "MAX_SPLIT_NAME",
     "MIN_SAMPLE_BYTES",
+    "SPLIT_CHARS",
     "check_index",
     "check_name",
     "check_relative_path",
     "open_regular",
     "parse_index",
+    "split_name_error",
 ]
 
 MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~1 MB
@@ -67,7 +71,13 @@ MAX_SHARD_BYTES = 1 << 40
 MIN_SAMPLE_BYTES = 4 * 512
 MAX_NAME_BYTES = 255
 MAX_SIDE = (1 << 31) - 1  # the widest a PNG may declare; a JPEG's sides stop at 65535
-_SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+# The split-name rule, here only. ``pack`` and ``index`` write names of SPLIT_CHARS, at most
+# MAX_SPLIT_NAME of them (:func:`split_name_error`); the index check reads those and, of the same
+# length, the capitals, '-' and '.' another tool may have written. So whatever a writer accepts, every
+# reader does.
+SPLIT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+MAX_SPLIT_NAME = 100
+_SPLIT_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_SPLIT_NAME - 1}}}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # Separators, a scheme's colon, URL escapes, queries and fragments, and control characters.
 _BAD_NAME_CHARS = re.compile(r"[/\\:%?#\x00-\x1f\x7f-\x9f]")
@@ -115,8 +125,28 @@ def check_relative_path(name: object, field: str, where: str, *, max_parts: int 
     return name
 
 
+def split_name_error(name: object, what: str) -> str | None:
+    """Why ``name`` cannot name a split ``pack`` or ``index`` writes (``what`` names it), or None.
+
+    A split name is 1 to :data:`MAX_SPLIT_NAME` lower-case letters, digits and '_': a shard's prefix
+    (``train-000000.tar``) and a folder of the destination's state, so a name the index check or the
+    file system would refuse is refused before anything is written.
+    """
+    if isinstance(name, str) and name and len(name) <= MAX_SPLIT_NAME and set(name) <= SPLIT_CHARS:
+        return None
+    return (
+        f"{what} {shown(name, quoted=True)} must be lower-case letters, digits and '_', at most "
+        f"{MAX_SPLIT_NAME} of them"
+    )
+
+
 def parse_index(data: bytes, where: str) -> Any:
-    """Parse the bytes of an index: bounded in size, UTF-8, JSON, bounded in depth."""
+    """Parse the bytes of an index: bounded in size, UTF-8, strict JSON, bounded in depth.
+
+    Strict: ``NaN``, ``Infinity`` and a number too large for a float (``1e999``), which Python's
+    ``json`` reads but other parsers (``jq``, a browser's ``JSON.parse``) refuse, are refused here, so
+    what ``info --json`` prints from an index is JSON to every reader.
+    """
     if len(data) > MAX_INDEX_BYTES:
         raise ManifestError(f"{where} is over {MAX_INDEX_BYTES >> 20} MiB: not an imgshards index")
     # An upper bound on the values and keys (each but the first follows a comma, a colon or an
@@ -132,7 +162,7 @@ def parse_index(data: bytes, where: str) -> Any:
     except UnicodeDecodeError as e:
         raise ManifestError(f"{where} is not UTF-8 text (byte {e.start}); re-pack the dataset") from None
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=_not_finite(where), parse_float=_finite(where))
     except json.JSONDecodeError as e:
         raise ManifestError(f"{where} is not valid JSON ({e}); re-pack the dataset") from None
     except RecursionError:
@@ -141,6 +171,27 @@ def parse_index(data: bytes, where: str) -> Any:
         ) from None
     _check_depth(document, where)
     return document
+
+
+def _not_finite(where: str) -> Callable[[str], Any]:
+    def refuse(name: str) -> Any:
+        raise ManifestError(
+            f"{where} holds {name}, which is not JSON (a number must be finite); re-pack the dataset"
+        )
+
+    return refuse
+
+
+def _finite(where: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ManifestError(
+                f"{where} holds the number {shown(text)}, too large for a float; re-pack the dataset"
+            )
+        return value
+
+    return parse
 
 
 def _check_depth(document: Any, where: str) -> None:

@@ -18,10 +18,11 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
+from .engine import worker_count
 from .errors import ShardEndError, ShardFormatError
 from .locate import redact_url
 from .manifest import LabelSource, Manifest, ShardInfo, read_manifest
-from .pool import default_workers, start_pool
+from .pool import start_pool
 from .tarsamples import checked_samples, shown
 from .tarstream import TarStream, stream_end
 from .validate import open_regular
@@ -167,8 +168,12 @@ def _label(
 
 
 def shard_jobs(manifest: Manifest, splits: list[str] | None) -> list[tuple[str, ShardInfo]]:
-    """(split, shard) for every shard of ``splits`` (default all), splits in name order."""
-    names = splits or sorted(manifest.splits)
+    """(split, shard) for every shard of ``splits`` (default all), splits in name order.
+
+    A split named twice is verified once (as ``info`` shows it once): counted twice, its per-class
+    counts would differ from the index's.
+    """
+    names = sorted(set(splits or manifest.splits))
     return [(name, shard) for name in names for shard in manifest.split(name).shards]
 
 
@@ -264,7 +269,7 @@ def verify(
     there = [listed is None or shard.name in listed for _, shard in jobs]
     labels = {split: manifest.split(split).labels for split in {split for split, _ in jobs}}
     work = [(shard, labels[split]) for (split, shard), found in zip(jobs, there, strict=True) if found]
-    workers = min(workers or default_workers(), max(1, len(work)))
+    workers = worker_count(workers, len(work))
     pool = start_pool(workers)
     try:
         check = partial(_check_local_shards, root, len(manifest.classes), manifest.class_to_idx)

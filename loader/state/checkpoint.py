@@ -37,7 +37,11 @@ _READABLE_VERSIONS = (1, 2, 3, 4)
 # The shuffle drew its random numbers one at a time before version 4 (epoch/order.py): an older
 # state's epoch is replayed in another order, so it resumes only where an epoch starts.
 _SAME_ORDER_SINCE = 4
-_RECORDED_SINCE_3 = ("split", "shards")
+# The settings a version before STATE_VERSION did not save yet (split and shards: since version 3); a
+# state of that version is not checked for them. Every other setting every version saves: a state
+# without one was edited, and is refused naming it (a state of dataset A with its shards removed
+# would otherwise resume dataset B, skipping samples).
+_RECORDED_SINCE = {"split": 3, "shards": 3}
 
 # The bounds a saved state's numbers are checked against before any is used; the epoch's is the
 # shared cursor's (MAX_EPOCH, imported from .cursor).
@@ -174,12 +178,16 @@ def check_settings(state: Mapping[str, Any], mine: Mapping[str, Any], what: str)
         raise ResumeError(
             f"{what} state version {state['version']!r}; this imgshards reads {_READABLE_VERSIONS}"
         )
+    version = state["version"]
+    for k in mine:
+        if k not in state and version >= _RECORDED_SINCE.get(k, 1):
+            raise ResumeError(
+                f"cannot resume: this {what} state has no field {k!r}, which every version-{version} state "
+                "saves (it was edited, or is not an imgshards state); resume from a state that state_dict() "
+                "saved"
+            )
     # A state saved before a setting was recorded is not checked for it.
-    differ = {
-        k: (state.get(k), v)
-        for k, v in mine.items()
-        if state.get(k) != v and (k in state or k not in _RECORDED_SINCE_3)
-    }
+    differ = {k: (state.get(k), v) for k, v in mine.items() if k in state and state[k] != v}
     if differ:
         detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
         raise ResumeError(f"cannot resume: the {what} differs from the saved one ({detail})")

@@ -69,7 +69,7 @@ def test_demo_runs_end_to_end(run):
         (["pack", "{tree}", "{tmp}/out", "--check", "deep"], 2, "'deep' is not one of"),
         (["pack", "{tree}", "{tmp}/out", "--quality", "50"], 2, "add --resize"),
         (["pack", "{tree}", "{tree}/out"], 2, "inside the source tree"),
-        (["pack", "{tree}", "{tmp}/out", "--split", "Val"], 2, "split must be"),
+        (["pack", "{tree}", "{tmp}/out", "--split", "Val"], 2, "split 'Val' must be"),
         (["info", "{tmp}"], 2, "no index.json"),
         (["verify", "{tmp}"], 2, "no index.json"),
     ],

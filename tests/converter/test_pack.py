@@ -197,7 +197,7 @@ def test_bad_source_and_destination(tmp_path, tiny_tree):
 def test_config_is_validated_with_the_allowed_values():
     with pytest.raises(ValueError, match="check must be one of none, header, full"):
         PackConfig(check="deep")
-    with pytest.raises(ValueError, match="split must be"):
+    with pytest.raises(ValueError, match="split 'Train-1' must be"):
         PackConfig(split="Train-1")
     assert PackConfig(check="full").check.value == "full"
 

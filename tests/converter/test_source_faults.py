@@ -26,7 +26,7 @@ from PIL import Image
 
 from imgshards.cli.main import cli
 from imgshards.converter import Check, PackConfig, Reason, SourceError, pack, scan_tree
-from imgshards.converter.errors import PackError, printable
+from imgshards.converter.errors import PackError, shown
 from imgshards.converter.scan import PathTable
 from imgshards.converter.sourcefiles import read_bound, read_file
 from imgshards.converter.write import GatherTask, ShardTask, gather, write_shard
@@ -157,7 +157,7 @@ def test_an_empty_class_named_with_escape_codes_is_shown_escaped(tmp_path):
     with pytest.raises(SourceError) as caught:
         scan_tree(src)
     message = str(caught.value)
-    assert "\x1b" not in message and printable(ESC) in message and "\\x1b[31mred" in message
+    assert "\x1b" not in message and shown(ESC) in message and "\\x1b[31mred" in message
     res = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "out")])
     assert res.exit_code == 2 and "\x1b" not in res.output and "\\x1b[31mred" in res.output
 
