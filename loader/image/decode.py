@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 # EXIF orientation, flattening on white and the scaling of deep gray, as pack's conversion applies them
-from imgshards.converter.errors import printable
+from imgshards.converter.errors import shown
 from imgshards.converter.formats import eight_bit, on_white, orientation, upright
 from imgshards.converter.headers import (
     JpegHeader,
@@ -180,7 +180,7 @@ def _cannot_load(candidate: _Candidate, error: BaseException, instead: str) -> s
     fix = candidate.fix.format(torch=torch.__version__)
     taken = "Pillow (slower)" if instead == "pillow" else instead
     return (
-        f"{candidate.name} cannot load here ({type(error).__name__}: {printable(said)}): JPEGs decode "
+        f"{candidate.name} cannot load here ({type(error).__name__}: {shown(said)}): JPEGs decode "
         f"with {taken} instead; {fix}"
     )
 
