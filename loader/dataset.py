@@ -23,6 +23,7 @@ from torch.utils.data import IterableDataset
 
 from imgshards.converter.locate import INDEX_NAME, is_url, local_path, redact_url
 from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
+from imgshards.converter.validate import MIN_SAMPLE_BYTES
 
 from .epoch import elastic, partition
 from .epoch.position import Leg, PassPosition
@@ -717,17 +718,37 @@ def open_source(
 Index = tuple[Path | str, Manifest, SplitInfo]
 
 
+_SLACK = 1 << 16  # samples a split may claim past what its files hold, before the claim is refused
+
+
 def read_index(source: ShardSource, split: str) -> Index:
     """The root, index and split ``split`` of ``source``, read once; its shards are checked to exist.
 
+    The split's sample count sizes the pass's plan (batches per rank and worker), so it is checked
+    against what its shards' files can hold first (a tar sample takes at least ``MIN_SAMPLE_BYTES``),
+    where their sizes are known: a claim no file holds allocates nothing. Shards cut short are damage,
+    read as far as they go, even when half of the split is gone; a claim of over twice what the files
+    hold (and more than ``_SLACK`` samples, whose plan costs next to nothing) is not.
+
     Raises:
         ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
+        ConfigError: the split claims far more samples than its shards' files can hold.
 
     """
     root: Path | str = source.root if source.remote else Path(source.root)
     manifest = read_manifest(root, storage_options=source.storage_options)
     split_info = manifest.split(split)
-    source.check(split_info.shards, split)
+    found = source.check(split_info.shards, split)
+    sizes = [size for size in found.values() if size is not None]
+    if found and len(sizes) == len(found):
+        room = sum(size // MIN_SAMPLE_BYTES for size in sizes)
+        if split_info.samples > 2 * room + _SLACK:
+            raise ConfigError(
+                f"{redact_url(str(root))}/{INDEX_NAME}: splits.{split}.samples is {split_info.samples:,}, "
+                f"over twice what its {len(sizes):,} shards can hold ({sum(sizes):,} bytes: at most "
+                f"{room:,} samples): the index does not describe these shards; re-pack the dataset, or "
+                "index its shards with `imgshards index`"
+            )
     return root, manifest, split_info
 
 

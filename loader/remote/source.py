@@ -48,7 +48,6 @@ from imgshards.converter.errors import ManifestError
 from imgshards.converter.locate import redact_url, shown_cause
 from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
 from imgshards.converter.remotefs import with_timeouts
-from imgshards.converter.validate import MIN_SAMPLE_BYTES
 
 from ..errors import ConfigError, ResourceLimitError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
@@ -142,22 +141,22 @@ class ShardSource:
 
     # ---- what the dataset uses ----------------------------------------------------------------
 
-    def check(self, shards: Sequence[ShardInfo], split: str) -> None:
+    def check(self, shards: Sequence[ShardInfo], split: str) -> dict[str, int | None]:
         """Raise :class:`ManifestError` if a shard is missing; warn if one has another size.
 
-        A shard the index claims more samples of than its file can hold (a tar sample takes at least
-        ``MIN_SAMPLE_BYTES``) is a :class:`ConfigError` naming the field, before any count is used:
-        nothing is sized from such a claim. Remote: one listing of the root (on HTTP, the links of
-        its index page, which give no sizes). Skipped when the root cannot be listed (a missing
-        shard then fails when it is read).
+        Returns each shard's size as found (None where the listing gives none; empty where the root
+        cannot be listed). Remote: one listing of the root (on HTTP, the links of its index page,
+        which give no sizes). Skipped when the root cannot be listed (a missing shard then fails
+        when it is read).
         """
         if self.remote:
-            sizes = self._process().listing()
-            if sizes is None:
-                return
+            listed = self._process().listing()
+            if listed is None:
+                return {}
+            sizes: dict[str, int | None] = dict(listed)
         else:
-            sizes = {s.name: self._local_size(s.name, split) for s in shards}
-            sizes = {name: size for name, size in sizes.items() if size is not None}
+            found = {s.name: self._local_size(s.name, split) for s in shards}
+            sizes = {name: size for name, size in found.items() if size is not None}
         for shard in shards:
             if shard.name not in sizes:
                 raise ManifestError(
@@ -165,13 +164,6 @@ class ShardSource:
                     "copy it back, or re-pack the dataset"
                 )
             size = sizes[shard.name]
-            if size is not None and shard.samples > size // MIN_SAMPLE_BYTES:
-                raise ConfigError(
-                    f"{redact_url(self.root)}/{INDEX_NAME}: splits.{split}.shards[{shards.index(shard)}]"
-                    f".samples is {shard.samples:,}, more than shard {shard.name} can hold ({size:,} "
-                    f"bytes: at most {size // MIN_SAMPLE_BYTES:,}): the index does not describe these "
-                    "shards; re-pack the dataset, or index its shards with `imgshards index`"
-                )
             if size is not None and size != shard.bytes:
                 warnings.warn(
                     f"shard {redact_url(self.url(shard.name))} is {size} bytes, the index says "
@@ -180,6 +172,7 @@ class ShardSource:
                     RuntimeWarning,
                     stacklevel=3,
                 )
+        return {shard.name: sizes[shard.name] for shard in shards}
 
     def set_read_order(self, shards: Sequence[ShardInfo]) -> None:
         """Tell the source the order this process reads its shards in, for prefetching."""

@@ -131,8 +131,8 @@ def huge(one_shard, tmp_path_factory) -> Path:
     return root
 
 
-def test_imagefolder_refuses_a_count_no_file_holds_without_allocating_it(huge):
-    with pytest.raises(ConfigError, match=r"splits\.train\.shards\[0\]\.samples is 536,870,912, more than"):
+def test_imagefolder_refuses_a_count_no_table_backs_without_allocating_it(huge):
+    with pytest.raises(ConfigError, match="no table of sample starts"):  # its arrays are its tables' size
         ImageFolder(huge)
 
 
@@ -142,7 +142,8 @@ def test_imagefolder_refuses_a_count_no_file_holds_without_allocating_it(huge):
 def test_the_streaming_datasets_refuse_it_in_one_line(huge, make):
     with pytest.raises(ConfigError) as raised:
         make(huge)
-    assert "\n" not in str(raised.value) and "more than shard train-000000.tar can hold" in str(raised.value)
+    message = str(raised.value)
+    assert "\n" not in message and "splits.train.samples is 10,737,418,240, over twice what its 20" in message
 
 
 @pytest.mark.parametrize("command", ["info", "verify"])
