@@ -22,9 +22,9 @@ from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 
-from .errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
-from .locate import redact_url, shown_cause
-from .manifest import (
+from .format.errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
+from .format.locate import redact_url, shown_cause
+from .format.manifest import (
     IMAGE_EXTENSIONS,
     INDEX_NAME,
     TIMM_INFO_NAME,
@@ -34,14 +34,14 @@ from .manifest import (
     local_path,
     read_manifest,
 )
+from .format.remotefs import Remote
+from .format.tables import BLOCK, encode_sources, encode_table, key_digest
+from .format.tarsamples import checked_samples, shown
+from .format.tarstream import TarStream, stream_end
+from .format.validate import check_name, open_regular
 from .pool import default_workers, start_pool
 from .remote import write_index_url
-from .remotefs import Remote
 from .safefs import write_atomic
-from .tables import BLOCK, encode_sources, encode_table, key_digest
-from .tarsamples import checked_samples, shown
-from .tarstream import TarStream, stream_end
-from .validate import check_name, open_regular
 from .verify import HashingReader
 
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]

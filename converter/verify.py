@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .engine import worker_count
-from .errors import ShardEndError, ShardFormatError
-from .locate import redact_url
-from .manifest import LabelSource, Manifest, ShardInfo, read_manifest
+from .format.errors import ShardEndError, ShardFormatError
+from .format.locate import redact_url
+from .format.manifest import LabelSource, Manifest, ShardInfo, read_manifest
+from .format.tarsamples import checked_samples, shown
+from .format.tarstream import TarStream, stream_end
+from .format.validate import open_regular
 from .pool import start_pool
-from .tarsamples import checked_samples, shown
-from .tarstream import TarStream, stream_end
-from .validate import open_regular
 
 __all__ = [
     "HashingReader",

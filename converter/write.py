@@ -41,16 +41,16 @@ from PIL import Image
 
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
-from .formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
-from .imageformats import JPEG
-from .imagesizes import size_key
+from .format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
+from .format.imageformats import JPEG
+from .format.imagesizes import size_key
+from .format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
+from .format.tarwriter import TarWriter
 from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
 from .scan import PathTable, Reject
 from .sourcefiles import read_ahead, read_file, reason_of
-from .tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
-from .tarwriter import TarWriter
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
 

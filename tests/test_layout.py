@@ -12,9 +12,9 @@
   attribute.
 - One table of image formats (issue 39): an image extension spelled as a string (``"png"``,
   ``".tiff"``, ``"JPEG"``...), the default ``"jpg"`` aside, in one module of converter/ (the table,
-  ``converter/imageformats.py``) and one of loader/ at most.
+  ``converter/format/imageformats.py``) and one of loader/ at most.
 - One place per storage protocol (issue 39): a scheme name (``"s3"``, ``"https://"``) is written in
-  the protocol table, converter/protocols.py, and in at most one loader module besides; the rest
+  the protocol table, converter/format/protocols.py, and in at most one loader module besides; the rest
   reads the table.
 
 Run as a script, it prints loader/'s import cycles, each import with its line and kind::
@@ -577,7 +577,7 @@ IMAGE_SPELLINGS = frozenset(
     | {"gif", "ico", "heic", "heif", "avif"}
 )
 DEFAULT_FORMAT = "jpg"  # the default format's name, spelled where a default is given
-FORMAT_TABLE = ROOT / "converter" / "imageformats.py"
+FORMAT_TABLE = ROOT / "converter" / "format" / "imageformats.py"
 
 
 def extension_literals(path: Path) -> list[tuple[int, str]]:
@@ -599,7 +599,7 @@ def format_offenders() -> list[str]:
     """Where image extensions are spelled outside the format table and one loader module reading it."""
     where: dict[str, dict[str, list[str]]] = {}  # spelling -> folder -> "path:line" places
     for folder, paths in (
-        ("converter", (ROOT / "converter").glob("*.py")),
+        ("converter", (ROOT / "converter").rglob("*.py")),
         ("loader", (ROOT / "loader").rglob("*.py")),
     ):
         for path in sorted(paths):
@@ -618,19 +618,21 @@ def format_offenders() -> list[str]:
 
 
 def test_image_formats_are_known_in_one_table():
-    # Adding a format is one entry in converter/imageformats.py (docs/layout.md): a module that spells
+    # Adding a format is one entry in converter/format/imageformats.py (docs/layout.md): a module that spells
     # an extension itself is a place that entry does not reach.
     wrong = format_offenders()
     assert not wrong, (
-        "image extensions spelled outside converter/imageformats.py (read its table, FORMATS):\n"
+        "image extensions spelled outside converter/format/imageformats.py (read its table, FORMATS):\n"
         + "\n".join(wrong)
     )
 
 
 def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
-    (tmp_path / "converter").mkdir()
+    (tmp_path / "converter" / "format").mkdir(parents=True)
     (tmp_path / "loader" / "image").mkdir(parents=True)
-    (tmp_path / "converter" / "imageformats.py").write_text('PNG = "png"\nTIFF = (".tif", ".tiff")\n')
+    (tmp_path / "converter" / "format" / "imageformats.py").write_text(
+        'PNG = "png"\nTIFF = (".tif", ".tiff")\n'
+    )
     (tmp_path / "converter" / "write.py").write_text(
         '"""Writes .png files: "png"."""\nDEFAULT = "jpg"\nX = 1\n"""png: documents X."""\n'
         'def f(im):\n    """A docstring naming png."""\n    return im.format == "JPEG"\n'
@@ -638,10 +640,10 @@ def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
     (tmp_path / "loader" / "image" / "decode.py").write_text('SLOW = frozenset({".TIF", "png"})\n')
     (tmp_path / "loader" / "scaled.py").write_text('def f(ext):\n    return ext == "jpg" or ext == "png"\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    monkeypatch.setitem(globals(), "FORMAT_TABLE", tmp_path / "converter" / "imageformats.py")
+    monkeypatch.setitem(globals(), "FORMAT_TABLE", tmp_path / "converter" / "format" / "imageformats.py")
     assert format_offenders() == [
         "jpeg: converter/write.py:7: 'JPEG'",  # Pillow's name of it counts: the table holds it
-        "png: converter/imageformats.py:1: 'png'",
+        "png: converter/format/imageformats.py:1: 'png'",
         "png: loader/image/decode.py:1: 'png'",  # a second loader module spells it
         "png: loader/scaled.py:2: 'png'",
     ]
@@ -754,9 +756,9 @@ shown = plural(n, "file")
 
 def test_each_storage_protocol_is_named_in_one_place():
     # A storage protocol's schemes, timeouts, version check and error hints are one entry of
-    # converter/protocols.py; the converter and the loader read that table, and no if-chain on a
+    # converter/format/protocols.py; the converter and the loader read that table, and no if-chain on a
     # scheme name grows elsewhere. Allowed: the table, plus one module of loader/ (its reader).
-    from imgshards.converter.protocols import SCHEMES
+    from imgshards.converter.format.protocols import SCHEMES
 
     where: dict[str, dict[str, list[str]]] = {}  # scheme -> module -> "path:line: 'constant'"
     for folder in FOLDERS:
@@ -771,7 +773,7 @@ def test_each_storage_protocol_is_named_in_one_place():
         if len(per_folder["converter"]) > 1 or len(per_folder["loader"]) > 1 or per_folder["cli"]:
             wrong += [f"{name}:"] + [f"    {hit}" for m in sorted(modules) for hit in modules[m]]
     assert not wrong, (
-        "a storage protocol named outside its table (converter/protocols.py) and one reader in "
+        "a storage protocol named outside its table (converter/format/protocols.py) and one reader in "
         "loader/; read the table instead:\n" + "\n".join(wrong)
     )
 

@@ -88,25 +88,25 @@ def _imports(folder: str) -> set[str]:
 # What the loader shares with the converter: the index, the errors, and the readers both sides must
 # agree on (one tar member parser, one image header walker), never the packing itself.
 SHARED_WITH_THE_LOADER = {
-    "imgshards.converter.manifest",
-    "imgshards.converter.errors",
-    "imgshards.converter.headers",
-    "imgshards.converter.tarstream",
-    "imgshards.converter.tarsamples",
+    "imgshards.converter.format.manifest",
+    "imgshards.converter.format.errors",
+    "imgshards.converter.format.headers",
+    "imgshards.converter.format.tarstream",
+    "imgshards.converter.format.tarsamples",
     # The timeouts a URL's file system is given (with_timeouts): the index is read with them too.
-    "imgshards.converter.remotefs",
+    "imgshards.converter.format.remotefs",
     # EXIF orientation, applied one way by pack's conversions and the loader's scaled decode.
-    "imgshards.converter.formats",
+    "imgshards.converter.format.formats",
     # Where a dataset is: a path or a URL, its index.json (ShardDataset takes what the CLI takes).
-    "imgshards.converter.locate",
+    "imgshards.converter.format.locate",
     # The tables of image formats and storage protocols, one each for both halves (issue 39).
-    "imgshards.converter.imageformats",
-    "imgshards.converter.protocols",
+    "imgshards.converter.format.imageformats",
+    "imgshards.converter.format.protocols",
     # A split's label reader and its tables of samples (ImageFolder's random access, targets, samples).
-    "imgshards.converter.labels",
-    "imgshards.converter.tables",
+    "imgshards.converter.format.labels",
+    "imgshards.converter.format.tables",
     # The index's bounds (a sample's least size bounds a shard's claimed count against its file).
-    "imgshards.converter.validate",
+    "imgshards.converter.format.validate",
 }
 
 

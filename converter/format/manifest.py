@@ -16,7 +16,7 @@ Layout of ``index.json`` (``version`` 1)::
           "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "...",
                       "offsets": "AAAAAA8BAAA...",   # where each sample starts, its class id,
                       "labels": "BwAAAAIAAAA...",    # its key's CRC-32 and its source path
-                      "keys": "xq3bCQ...", "sources": "eJxLTiw..."}],  # (converter/tables.py)
+                      "keys": "xq3bCQ...", "sources": "eJxLTiw..."}],  # (converter/format/tables.py)
           "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
