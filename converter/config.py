@@ -34,7 +34,7 @@ class PackConfig:
 
     Attributes:
         split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
-            digits and underscores, at most 100 (:func:`~.validate.split_name_error`). With
+            digits and underscores, at most 100 (:func:`~.format.validate.split_name_error`). With
             ``val_fraction``, the split of the rest of the tree.
         shard_size: Shards are closed before their members pass this many bytes (at least one
             sample each); the end of the tar adds up to ``tarwriter.END_AT_MOST`` bytes to the file.

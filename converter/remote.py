@@ -138,7 +138,7 @@ def verify_url(
     """Like :func:`~imgshards.converter.verify`, for a dataset at a URL: every shard is streamed once.
 
     ``timeout``: seconds a request may wait for the server, to connect or for more of its answer
-    (:func:`~.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).
+    (:func:`~.format.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).
 
     Raises:
         ManifestError: the index is missing or unreadable.

@@ -55,7 +55,7 @@ _READ_BLOCK = 8 << 20
 class ShardScan:
     """One shard as read: its index entry, the label values of its samples, and what is wrong in it.
 
-    ``info`` has the shard's tables of starts, keys and sources (:mod:`.tables`), not yet its labels:
+    ``info`` has the shard's tables of starts, keys and sources (:mod:`.format.tables`), not yet its labels:
     ``labels`` holds each sample's label value, in stored order, for the ids the split gives them.
     ``problems`` holds the first few; ``bad`` counts them all.
     """
@@ -76,7 +76,7 @@ def scan_shard(
     """Read the shard ``opener()`` opens once: hash, size, samples, label values and problems.
 
     Members are read by the one tar reader the loader and ``verify`` read through, and samples are
-    judged by the same functions (:func:`~.tarsamples.checked_samples`).
+    judged by the same functions (:func:`~.format.tarsamples.checked_samples`).
     """
     values: Counter[Value] = Counter()
     labels: list[Value] = []

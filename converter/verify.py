@@ -1,7 +1,7 @@
 """``verify``: re-hash and recount every shard of a packed dataset against its index.
 
 Shards are read by the one tar reader ``index`` and the loader read through, and each sample is
-judged as they judge it (:func:`~.tarsamples.checked_samples`): the count is of samples as the loader
+judged as they judge it (:func:`~.format.tarsamples.checked_samples`): the count is of samples as the loader
 reads them (members grouped by adjacent keys), and a key met again after other samples is a problem.
 """
 

@@ -16,7 +16,7 @@ gather only writes every byte twice: a shard's files are then read straight from
 order by the worker that writes it (``ShardTask.src``). The output is the same bytes either way.
 
 **Write.** A shard's buckets are read into memory (or its files from the tree), the samples put in
-plan order, checked, converted to the split's one image format where needed (:mod:`.formats`), and
+plan order, checked, converted to the split's one image format where needed (:mod:`.format.formats`), and
 appended to a tar. A shard is first written to a hidden temporary name beside its final one,
 fsynced, then renamed, so a shard under its final name is always whole; its record (sample count,
 size, SHA-256, per-class counts, formats, conversions, image sizes, rejects) is written the same way

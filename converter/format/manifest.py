@@ -1,7 +1,8 @@
 """The index file that describes a packed dataset: ``index.json`` at the root of the output directory.
 
-This module is the one contract between the converter and the loader (the loader imports nothing
-else from the converter), so it depends on the standard library only.
+The index is the heart of the packed format (:mod:`imgshards.converter.format`), the one contract
+between the converter and the loader: the loader imports nothing else of the converter, and this
+package imports nothing but itself.
 
 Layout of ``index.json`` (``version`` 1)::
 
