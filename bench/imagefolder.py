@@ -301,7 +301,7 @@ def tables(a: argparse.Namespace) -> None:
     """``targets`` and ``samples`` of a split of ``--times`` x the packed one (its shards listed again)."""
     import tempfile as tmpfiles
 
-    from imgshards.converter.manifest import INDEX_NAME
+    from imgshards.converter.format.manifest import INDEX_NAME
 
     with tmpfiles.TemporaryDirectory(prefix="imgshards-tables-", dir=a.shards.parent) as tmp:
         doc = json.loads((a.shards / INDEX_NAME).read_text())

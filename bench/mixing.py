@@ -27,7 +27,7 @@ import numpy as np
 import webdataset as wds
 
 from imgshards.converter import PackConfig, pack, read_manifest
-from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
+from imgshards.converter.format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
 from imgshards.loader import ShardDataset, passes
 from imgshards.loader.epoch.position import PassPosition
 from imgshards.loader.pipeline.runs import batched

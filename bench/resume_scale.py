@@ -30,8 +30,8 @@ import numpy as np
 from PIL import Image
 
 from imgshards.converter import read_manifest
+from imgshards.converter.format.tables import encode_table
 from imgshards.converter.index import IndexConfig, index
-from imgshards.converter.tables import encode_table
 
 
 def tiny_jpegs(n: int, size: int) -> list[bytes]:

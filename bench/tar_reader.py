@@ -10,14 +10,14 @@ Run by hand (not in CI), on shards ``imgshards pack`` wrote:
 ``--against REF``'s tar reader (``loader/pipeline/tar.py``;
 ``loader/pipeline/reader.py`` before issue 39, ``loader/reader.py`` before issue 32)
 is taken from git (``git show``) and imported beside this tree's reader, which reads through the
-converter's one tar parser (``converter/tarstream.py``).
+converter's one tar parser (``converter/format/tarstream.py``).
 Both read the same shards, the files read once before timing so both read from the page cache,
 in alternated rounds; each keeps its best round. Rows:
 
 - ``whole shards``: ``read_run(shard, 0, n)`` over every shard, every sample delivered;
 - ``second halves``: ``read_run(shard, n // 2, n)``, stepping over the first half's members;
 - ``headers only``: every member's header parsed, all data stepped over (the old reader's
-  ``_headers`` against :class:`~imgshards.converter.tarstream.TarStream`).
+  ``_headers`` against :class:`~imgshards.converter.format.tarstream.TarStream`).
 
 ``new/old`` is this tree's time over the old one's: at most 1.00x means at least as fast.
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 
 from imgshards.converter import read_manifest
-from imgshards.converter.tarstream import TarStream
+from imgshards.converter.format.tarstream import TarStream
 from imgshards.loader.pipeline import tar as new_reader
 
 ROOT = Path(__file__).resolve().parents[1]

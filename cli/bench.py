@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.locate import redact_url
 
 from .exits import CantRun
 from .options import format_bytes, plural, workers_option

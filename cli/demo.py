@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from imgshards.converter import ImgshardsError, PackConfig, SplitInfo, make_synthetic_tree, pack, verify
-from imgshards.converter.errors import shown
+from imgshards.converter.format.errors import shown
 
 from .exits import BadData, CantRun
 from .options import plural, workers_option

@@ -10,8 +10,8 @@ import click
 
 from imgshards.converter import IndexConfig, read_classes
 from imgshards.converter import index as index_shards
-from imgshards.converter.errors import UnreadableSamplesError, shown
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.errors import UnreadableSamplesError, shown
+from imgshards.converter.format.locate import redact_url
 
 from .exits import BadData
 from .options import format_bytes, plural, workers_option

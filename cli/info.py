@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from imgshards.converter import read_manifest
-from imgshards.converter.errors import shown
-from imgshards.converter.locate import redact_url
-from imgshards.converter.remotefs import with_timeouts
+from imgshards.converter.format.errors import shown
+from imgshards.converter.format.locate import redact_url
+from imgshards.converter.format.remotefs import with_timeouts
 
 from .exits import CantRun
 from .options import format_bytes, plural

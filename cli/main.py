@@ -8,8 +8,8 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from imgshards.converter import ImgshardsError
-from imgshards.converter.errors import shown
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.errors import shown
+from imgshards.converter.format.locate import redact_url
 
 from .bench import bench
 from .demo import demo

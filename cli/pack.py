@@ -26,11 +26,11 @@ from imgshards.converter import (
 from imgshards.converter import dry_run as plan_pack
 from imgshards.converter import pack as pack_tree
 from imgshards.converter.config import MAX_SEED
-from imgshards.converter.errors import shown
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.errors import shown
+from imgshards.converter.format.locate import redact_url
+from imgshards.converter.format.tarwriter import END_AT_MOST, RECORD
 from imgshards.converter.pack import check_source
 from imgshards.converter.scan import split_named
-from imgshards.converter.tarwriter import END_AT_MOST, RECORD
 
 from .exits import BadData
 from .info import balance

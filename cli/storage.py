@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from imgshards.converter.locate import INDEX_NAME, is_url, url_typo
-from imgshards.converter.remotefs import DEFAULT_TIMEOUT
+from imgshards.converter.format.locate import INDEX_NAME, is_url, url_typo
+from imgshards.converter.format.remotefs import DEFAULT_TIMEOUT
 
 __all__ = ["PathOrURL", "dataset_dir", "join", "storage_option", "timeout_option"]
 

@@ -9,8 +9,8 @@ import click
 
 from imgshards.converter import verify as verify_dataset
 from imgshards.converter import verify_url
-from imgshards.converter.errors import shown
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.errors import shown
+from imgshards.converter.format.locate import redact_url
 
 from .exits import BadData
 from .options import plural, workers_option

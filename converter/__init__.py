@@ -5,19 +5,34 @@ Then verify and describe them.
 ``converter`` needs no torch: it imports numpy, Pillow and tqdm only (and fsspec, for a URL only).
 """
 
-from .check import Check, Reason
-from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
-from .dryrun import DryRun, SplitPlan, dry_run
-from .errors import DestinationError, EngineError, ImgshardsError, ManifestError, SourceError, SplitFileError
-from .formats import reader_warnings
-from .index import IndexConfig, IndexResult, index, read_classes
-from .manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
-from .pack import pack
-from .readorder import ReadOrder
-from .remote import pack_to_url, verify_url
-from .scan import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
-from .synthetic import make_synthetic_tree
-from .verify import ShardProblem, VerifyReport, verify
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .check import Check, Reason
+    from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
+    from .dryrun import DryRun, SplitPlan, dry_run
+    from .format.errors import (
+        DestinationError,
+        EngineError,
+        ImgshardsError,
+        ManifestError,
+        SourceError,
+        SplitFileError,
+    )
+    from .format.formats import reader_warnings
+    from .format.manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
+    from .index import IndexConfig, IndexResult, index, read_classes
+    from .pack import pack
+    from .readorder import ReadOrder
+    from .remote import pack_to_url, verify_url
+    from .scan import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
+    from .synthetic import make_synthetic_tree
+    from .verify import ShardProblem, VerifyReport, verify
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
@@ -61,3 +76,83 @@ __all__ = [
     "verify",
     "verify_url",
 ]
+
+# Each public name -> the module (under this package) that defines it. The names are resolved on
+# first use (PEP 562), so importing one module of the package, the format's contract
+# (``imgshards.converter.format``) above all, runs none of the packer: the loader imports the format
+# without loading pack, scan, the engines or the upload (tests/test_layout.py checks this).
+_WHERE = {
+    "Check": "check",
+    "DEFAULT_SHARD_SIZE": "config",
+    "DestinationError": "format.errors",
+    "DryRun": "dryrun",
+    "ENGINES": "config",
+    "EngineError": "format.errors",
+    "IMG_EXTENSIONS": "scan",
+    "INDEX_NAME": "format.manifest",
+    "ImgshardsError": "format.errors",
+    "IndexConfig": "index",
+    "IndexResult": "index",
+    "LabelSource": "format.manifest",
+    "Manifest": "format.manifest",
+    "ManifestError": "format.errors",
+    "PackConfig": "config",
+    "PackHooks": "config",
+    "PackResult": "config",
+    "ReadOrder": "readorder",
+    "Reason": "check",
+    "ScanResult": "scan",
+    "ShardInfo": "format.manifest",
+    "ShardProblem": "verify",
+    "SourceError": "format.errors",
+    "SplitFileError": "format.errors",
+    "SplitInfo": "format.manifest",
+    "SplitPlan": "dryrun",
+    "VerifyReport": "verify",
+    "dry_run": "dryrun",
+    "index": "index",
+    "make_synthetic_tree": "synthetic",
+    "pack": "pack",
+    "pack_to_url": "remote",
+    "read_classes": "index",
+    "read_manifest": "format.manifest",
+    "reader_warnings": "format.formats",
+    "scan_tree": "scan",
+    "split_tree_error": "scan",
+    "tree_warnings": "scan",
+    "verify": "verify",
+    "verify_url": "remote",
+}
+
+
+# Three names are also the modules that define them: ``pack``, ``index`` and ``verify`` are the
+# functions, as when this file imported them all (importing ``imgshards.converter.pack`` binds the
+# module under its name here: _Package keeps the function there instead).
+_SHADOWED = frozenset(name for name, module in _WHERE.items() if name == module)
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (
+            name in _SHADOWED
+            and isinstance(value, types.ModuleType)
+            and value.__name__ == f"{__name__}.{name}"
+        ):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once found, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -10,7 +10,7 @@ Three levels (``--check``):
     declares is bounded (``max_pixels``, default Pillow's ``Image.MAX_IMAGE_PIXELS``): a
     decompression bomb is rejected as ``too_many_pixels``; so is the decode time of a JPEG: one
     with more scans than ``headers.MAX_SCANS`` (100) is rejected as ``too_many_scans`` (see
-    :mod:`.headers`).
+    :mod:`.format.headers`).
 ``full``
     Also decodes every image with Pillow (after the header's bound): catches corrupt entropy-coded data.
 ``none``
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from .formats import HEIF_EXTRA, heif_opener
-from .headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
-from .imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
+from .format.formats import HEIF_EXTRA, heif_opener
+from .format.headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
+from .format.imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
 
 __all__ = ["Check", "Inspection", "Reason", "inspect_image"]
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .check import Check
-from .errors import shown
-from .manifest import Manifest, SplitInfo
+from .format.errors import shown
+from .format.manifest import Manifest, SplitInfo
+from .format.validate import split_name_error
 from .readorder import ReadOrder
 from .resizehint import ResizeHint
-from .validate import split_name_error
 from .write import ShardRecord
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks", "PackResult"]
@@ -34,7 +34,7 @@ class PackConfig:
 
     Attributes:
         split: Name of the split, the shards' prefix (``train-000000.tar``): lower-case letters,
-            digits and underscores, at most 100 (:func:`~.validate.split_name_error`). With
+            digits and underscores, at most 100 (:func:`~.format.validate.split_name_error`). With
             ``val_fraction``, the split of the rest of the tree.
         shard_size: Shards are closed before their members pass this many bytes (at least one
             sample each); the end of the tar adds up to ``tarwriter.END_AT_MOST`` bytes to the file.
@@ -50,7 +50,7 @@ class PackConfig:
             (never upscaled); ``None`` stores the original bytes.
         quality: JPEG quality of re-encoded images.
         keep_formats: Store every image's own bytes under the extension of its format, instead of
-            one format per split (see :mod:`imgshards.converter.formats`).
+            one format per split (see :mod:`imgshards.converter.format.formats`).
         val_fraction: Also write a held-out split ``val_split`` of about this share of each class
             (stratified, seeded by ``seed``; see :mod:`imgshards.converter.splits`).
         val_split: Name of the held-out split.

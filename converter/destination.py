@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import DestinationError, ManifestError
-from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
+from .format.errors import DestinationError, ManifestError
+from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from .plan import Plan
 from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
 from .scan import ScanResult

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .config import PackConfig
+from .format.tarwriter import BLOCK, RECORD
 from .pack import check_source
 from .plan import estimated_sample_bytes
 from .scan import scan_tree
 from .splits import read_split_file
-from .tarwriter import BLOCK, RECORD
 from .tasks import plan_part, split_parts
 
 __all__ = ["DryRun", "SplitPlan", "dry_run"]

@@ -22,7 +22,7 @@ from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
 from .config import ENGINES
-from .errors import EngineError
+from .format.errors import EngineError
 from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
 
 __all__ = ["ENGINES", "PER_CORE", "Engine", "PoolEngine", "make_engine", "worker_count"]

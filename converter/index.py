@@ -8,7 +8,7 @@ records what the loader, ``verify``, ``info`` and ``bench`` need::
     label values -> labels: ids or names, classes given / kept from the index / derived
     -> mixing check -> _info.json, then index.json (the shards are untouched)
 
-A sample is one image member (an extension of :data:`~.manifest.IMAGE_EXTENSIONS`) plus its label:
+A sample is one image member (an extension of :data:`~.format.manifest.IMAGE_EXTENSIONS`) plus its label:
 the ``.cls`` member, or a field of the ``.json`` member. A label is a class id when every value is an
 integer, else a class name. Class names come from ``classes`` (id = position), else from the splits
 already in the index, else are derived: ids ``0..max`` named ``"0"...``, names sorted as ImageFolder
@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DestinationError, ManifestError, SourceError, UnreadableSamplesError
-from .locate import redact_url
-from .manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
+from .format.errors import DestinationError, ManifestError, SourceError, UnreadableSamplesError
+from .format.locate import redact_url
+from .format.manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
+from .format.tables import encode_table
+from .format.validate import check_index, split_name_error
 from .shardscan import ShardScan, ShardStore, Value
-from .tables import encode_table
-from .validate import check_index, split_name_error
 
 __all__ = ["MADE_BY", "IndexConfig", "IndexResult", "index", "read_classes"]
 
@@ -49,7 +49,7 @@ class IndexConfig:
 
     Attributes:
         split: Name of the split the shards become: lower-case letters, digits and underscores, at
-            most 100 (:func:`~.validate.split_name_error`).
+            most 100 (:func:`~.format.validate.split_name_error`).
         shards: Glob of the shards' file names directly under the source (``train-*.tar``).
         label_field: Read labels from this field of each sample's ``.json``; None: from ``.cls``.
         classes: Class names, a label id being a position in it; None: kept or derived (see module).

@@ -43,12 +43,14 @@ from .destination import (
     write_index,
 )
 from .engine import Engine, make_engine
-from .errors import DestinationError, ManifestError, SourceError
 from .failures import explained
-from .formats import main_format
-from .imagesizes import SizeStats, size_stats
-from .locate import is_url, missing_path, url_typo
-from .manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .format.errors import DestinationError, ManifestError, SourceError
+from .format.formats import main_format
+from .format.imagesizes import SizeStats, size_stats
+from .format.locate import is_url, missing_path, url_typo
+from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .format.tables import TABLES
+from .format.validate import check_index
 from .plan import Plan, estimated_sample_bytes
 from .pool import Progress
 from .readorder import ReadOrder, choose_read_order
@@ -57,9 +59,7 @@ from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
 from .splits import Part, read_split_file
-from .tables import TABLES
 from .tasks import plan_part, shard_task, split_names, split_parts
-from .validate import check_index
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, gather, write_shard
 

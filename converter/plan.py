@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .format.tarwriter import BLOCK
 from .scan import ScanResult
-from .tarwriter import BLOCK
 
 __all__ = ["Plan", "make_plan"]
 

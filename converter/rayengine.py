@@ -11,7 +11,7 @@ is in flight at once, so a plan of 100k shards never sits in the object store wh
 Every node must see the tree and the destination at the same paths (a shared file system), and have
 the same imgshards installed. With ``--resize`` or a format conversion the bytes written depend on
 Pillow's and libjpeg's versions, so each task first checks that its node's match the driver's, and
-fails with :class:`~.errors.EngineError` naming the node if not.
+fails with :class:`~.format.errors.EngineError` naming the node if not.
 
 This module imports Ray; :func:`~.engine.make_engine` imports it only when Ray is asked for.
 """
@@ -30,7 +30,7 @@ import ray
 from PIL import features
 from tqdm.auto import tqdm
 
-from .errors import EngineError, ImgshardsError, PackError
+from .format.errors import EngineError, ImgshardsError, PackError
 from .pool import Progress
 
 __all__ = ["RayEngine", "RayExecutor", "codecs", "node_name"]

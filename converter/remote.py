@@ -46,14 +46,14 @@ from typing import Any, BinaryIO
 
 from .config import PackConfig, PackHooks, PackResult
 from .destination import STATE_DIR
-from .errors import DestinationError, ImgshardsError, ManifestError, SourceError
-from .locate import redact_url, shown_cause
-from .manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
+from .format.errors import DestinationError, ImgshardsError, ManifestError, SourceError
+from .format.locate import redact_url, shown_cause
+from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
+from .format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
+from .format.tables import TABLES
 from .pack import pack
-from .remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from .safefs import make_dirs, remove, write_atomic
 from .scan import split_tree_error, tree_warnings
-from .tables import TABLES
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 
@@ -138,7 +138,7 @@ def verify_url(
     """Like :func:`~imgshards.converter.verify`, for a dataset at a URL: every shard is streamed once.
 
     ``timeout``: seconds a request may wait for the server, to connect or for more of its answer
-    (:func:`~.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).
+    (:func:`~.format.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).
 
     Raises:
         ManifestError: the index is missing or unreadable.

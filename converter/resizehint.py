@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 from PIL import Image
 
 from .check import Check
-from .imageformats import JPEG
-from .imagesizes import SizeStats, size_key
+from .format.imageformats import JPEG
+from .format.imagesizes import SizeStats, size_key
 from .scan import ScanResult
 from .sourcefiles import read_file
 from .write import stored_image

@@ -6,7 +6,7 @@ below the destination goes through these functions, which never follow one:
 
 - a directory below the root is opened one component at a time, each relative to the directory fd
   above it, with ``O_NOFOLLOW | O_DIRECTORY``; a component that is a link (or not a directory) is
-  refused with :class:`~.errors.DestinationError` naming it;
+  refused with :class:`~.format.errors.DestinationError` naming it;
 - a file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to its directory's fd (a stale
   entry at a temporary name, link or file, is unlinked first: unlinking a link removes the link);
 - a tree is removed with ``shutil.rmtree(name, dir_fd=...)``, which walks by fd and never descends
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import DestinationError, UnsafeFileError
+from .format.errors import DestinationError, UnsafeFileError
 
 __all__ = [
     "clear_dir",

@@ -29,8 +29,8 @@ from typing import overload
 import numpy as np
 
 from .check import Reason
-from .errors import SourceError, shown
-from .locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
+from .format.errors import SourceError, shown
+from .format.locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
 
 __all__ = [
     "IMG_EXTENSIONS",

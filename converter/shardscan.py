@@ -22,9 +22,9 @@ from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 
-from .errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
-from .locate import redact_url, shown_cause
-from .manifest import (
+from .format.errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
+from .format.locate import redact_url, shown_cause
+from .format.manifest import (
     IMAGE_EXTENSIONS,
     INDEX_NAME,
     TIMM_INFO_NAME,
@@ -34,14 +34,14 @@ from .manifest import (
     local_path,
     read_manifest,
 )
+from .format.remotefs import Remote
+from .format.tables import BLOCK, encode_sources, encode_table, key_digest
+from .format.tarsamples import checked_samples, shown
+from .format.tarstream import TarStream, stream_end
+from .format.validate import check_name, open_regular
 from .pool import default_workers, start_pool
 from .remote import write_index_url
-from .remotefs import Remote
 from .safefs import write_atomic
-from .tables import BLOCK, encode_sources, encode_table, key_digest
-from .tarsamples import checked_samples, shown
-from .tarstream import TarStream, stream_end
-from .validate import check_name, open_regular
 from .verify import HashingReader
 
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]
@@ -55,7 +55,7 @@ _READ_BLOCK = 8 << 20
 class ShardScan:
     """One shard as read: its index entry, the label values of its samples, and what is wrong in it.
 
-    ``info`` has the shard's tables of starts, keys and sources (:mod:`.tables`), not yet its labels:
+    ``info`` has the shard's tables of starts, keys and sources (:mod:`.format.tables`), not yet its labels:
     ``labels`` holds each sample's label value, in stored order, for the ids the split gives them.
     ``problems`` holds the first few; ``bad`` counts them all.
     """
@@ -76,7 +76,7 @@ def scan_shard(
     """Read the shard ``opener()`` opens once: hash, size, samples, label values and problems.
 
     Members are read by the one tar reader the loader and ``verify`` read through, and samples are
-    judged by the same functions (:func:`~.tarsamples.checked_samples`).
+    judged by the same functions (:func:`~.format.tarsamples.checked_samples`).
     """
     values: Counter[Value] = Counter()
     labels: list[Value] = []

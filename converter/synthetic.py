@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from .imageformats import JPEG, PNG
+from .format.imageformats import JPEG, PNG
 
 __all__ = ["BAD_FILES", "make_synthetic_tree"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from .check import Check
 from .config import PackConfig
 from .destination import shard_name
-from .errors import SourceError, SplitFileError
+from .format.errors import SourceError, SplitFileError
 from .plan import Plan, make_plan
 from .scan import ScanResult
 from .splits import Part, split_by_file, split_stratified, whole

@@ -1,7 +1,7 @@
 """``verify``: re-hash and recount every shard of a packed dataset against its index.
 
 Shards are read by the one tar reader ``index`` and the loader read through, and each sample is
-judged as they judge it (:func:`~.tarsamples.checked_samples`): the count is of samples as the loader
+judged as they judge it (:func:`~.format.tarsamples.checked_samples`): the count is of samples as the loader
 reads them (members grouped by adjacent keys), and a key met again after other samples is a problem.
 """
 
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .engine import worker_count
-from .errors import ShardEndError, ShardFormatError
-from .locate import redact_url
-from .manifest import LabelSource, Manifest, ShardInfo, read_manifest
+from .format.errors import ShardEndError, ShardFormatError
+from .format.locate import redact_url
+from .format.manifest import LabelSource, Manifest, ShardInfo, read_manifest
+from .format.tarsamples import checked_samples, shown
+from .format.tarstream import TarStream, stream_end
+from .format.validate import open_regular
 from .pool import start_pool
-from .tarsamples import checked_samples, shown
-from .tarstream import TarStream, stream_end
-from .validate import open_regular
 
 __all__ = [
     "HashingReader",

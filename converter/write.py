@@ -16,7 +16,7 @@ gather only writes every byte twice: a shard's files are then read straight from
 order by the worker that writes it (``ShardTask.src``). The output is the same bytes either way.
 
 **Write.** A shard's buckets are read into memory (or its files from the tree), the samples put in
-plan order, checked, converted to the split's one image format where needed (:mod:`.formats`), and
+plan order, checked, converted to the split's one image format where needed (:mod:`.format.formats`), and
 appended to a tar. A shard is first written to a hidden temporary name beside its final one,
 fsynced, then renamed, so a shard under its final name is always whole; its record (sample count,
 size, SHA-256, per-class counts, formats, conversions, image sizes, rejects) is written the same way
@@ -41,16 +41,16 @@ from PIL import Image
 
 from .attempts import attempt_path
 from .check import Check, Inspection, Reason, inspect_image
-from .formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
-from .imageformats import JPEG
-from .imagesizes import size_key
+from .format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
+from .format.imageformats import JPEG
+from .format.imagesizes import size_key
+from .format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
+from .format.tarwriter import TarWriter
 from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
 from .scan import PathTable, Reject
 from .sourcefiles import read_ahead, read_file, reason_of
-from .tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
-from .tarwriter import TarWriter
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
 

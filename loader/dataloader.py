@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from imgshards.converter.errors import ImgshardsError
+from imgshards.converter.format.errors import ImgshardsError
 
 from .dataset import PassDataset
 from .device.decoding import DeviceDecoder

@@ -21,9 +21,9 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 from torch.utils.data import IterableDataset
 
-from imgshards.converter.locate import INDEX_NAME, is_url, local_path, redact_url
-from imgshards.converter.manifest import Manifest, SplitInfo, read_manifest
-from imgshards.converter.validate import MIN_SAMPLE_BYTES
+from imgshards.converter.format.locate import INDEX_NAME, is_url, local_path, redact_url
+from imgshards.converter.format.manifest import Manifest, SplitInfo, read_manifest
+from imgshards.converter.format.validate import MIN_SAMPLE_BYTES
 
 from .epoch import elastic, partition
 from .epoch.position import Leg, PassPosition

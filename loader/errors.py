@@ -1,15 +1,15 @@
 """Errors raised by the loader, each carrying the bad value or the sample it is about.
 
-They subclass :class:`imgshards.converter.errors.ImgshardsError`, so ``except ImgshardsError`` catches
+They subclass :class:`imgshards.converter.format.errors.ImgshardsError`, so ``except ImgshardsError`` catches
 every problem imgshards reports. A missing shard or a bad index is the converter's
-:class:`~imgshards.converter.errors.ManifestError`, raised when a :class:`ShardDataset` is built.
+:class:`~imgshards.converter.format.errors.ManifestError`, raised when a :class:`ShardDataset` is built.
 """
 
 from __future__ import annotations
 
 import errno
 
-from imgshards.converter.errors import ImgshardsError, ManifestError
+from imgshards.converter.format.errors import ImgshardsError, ManifestError
 
 __all__ = [
     "BatchingError",

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.locate import redact_url
 
 from .dataset import (
     PassDataset,

@@ -3,6 +3,9 @@
 - No import cycle in loader/, counting every import: deferred ones (in a function) and those under
   ``if TYPE_CHECKING:`` too, since each is a dependency a reader has to hold in mind.
 - The converter apart from the loader and the CLI; the data path apart from the benchmark package.
+- One contract (issue 45): the packed format (the index, the tar reader and writer, the tables) is
+  one sub-package, ``converter/format/``, that imports nothing else of the converter; importing the
+  loader loads none of the packer's modules; and a pack stays byte for byte what it was.
 - One word per meaning: no identifier with "stage" in it in ``epoch/``, ``state/`` or
   ``profiling/`` (a stage is a pipeline callable); no two loader modules whose names differ by
   one letter (``stream`` beside ``streams``).
@@ -12,9 +15,9 @@
   attribute.
 - One table of image formats (issue 39): an image extension spelled as a string (``"png"``,
   ``".tiff"``, ``"JPEG"``...), the default ``"jpg"`` aside, in one module of converter/ (the table,
-  ``converter/imageformats.py``) and one of loader/ at most.
+  ``converter/format/imageformats.py``) and one of loader/ at most.
 - One place per storage protocol (issue 39): a scheme name (``"s3"``, ``"https://"``) is written in
-  the protocol table, converter/protocols.py, and in at most one loader module besides; the rest
+  the protocol table, converter/format/protocols.py, and in at most one loader module besides; the rest
   reads the table.
 
 Run as a script, it prints loader/'s import cycles, each import with its line and kind::
@@ -25,12 +28,19 @@ Run as a script, it prints loader/'s import cycles, each import with its line an
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import inspect
+import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from itertools import combinations, pairwise
 from pathlib import Path
+
+import pytest
+
+from imgshards.converter import PackConfig, pack
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"converter": "imgshards.converter", "loader": "imgshards.loader", "cli": "imgshards.cli"}
@@ -307,6 +317,115 @@ def test_the_converter_never_imports_the_loader_or_the_cli():
     assert not wrong, "\n".join(wrong)
 
 
+# ---- one contract: the packed format (issue 45) --------------------------------------------------
+
+CONVERTER = "imgshards.converter"
+FORMAT = f"{CONVERTER}.format"
+
+
+def test_the_format_imports_nothing_else_of_the_converter():
+    # converter/format/ is what the loader and the packer share: a module of it that imported the
+    # packer (scan, pack, the engines...) would load that into every loader again.
+    wrong = [
+        str(i)
+        for i in _imports()
+        if (i.source == FORMAT or i.source.startswith(f"{FORMAT}."))
+        and i.target.startswith(CONVERTER)
+        and not (i.target == FORMAT or i.target.startswith(f"{FORMAT}."))
+        and i.target != CONVERTER  # the package's __init__, which runs first and loads nothing
+    ]
+    assert not wrong, "converter/format/ imports the rest of the converter:\n" + "\n".join(wrong)
+    assert any(i.source == f"{FORMAT}.manifest" for i in _imports())  # the rule sees the package
+
+
+def _packer_modules_loaded(code: str) -> list[str]:
+    """The converter's modules outside format/ that ``code`` leaves in sys.modules, in a fresh Python."""
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{code}\nimport sys\nprint('\\n'.join(m for m in sys.modules if m.startswith('{CONVERTER}.')))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return sorted(m for m in found if not (m == FORMAT or m.startswith(f"{FORMAT}.")))
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import imgshards.loader\nfrom imgshards.loader import ImageFolder",
+        "import imgshards.loader.pipeline.imagefolder",
+    ],
+)
+def test_the_loader_loads_no_packer_module(code):
+    # The loader reads the format and nothing else of the converter: a change to packing cannot
+    # break its import, nor slow it (converter/__init__ resolves its names when they are used).
+    assert _packer_modules_loaded(code) == []
+
+
+def test_the_check_of_loaded_modules_sees_the_packer():
+    assert "imgshards.converter.pack" in _packer_modules_loaded("from imgshards.converter import pack")
+    assert _packer_modules_loaded("import imgshards.converter.format.manifest") == []
+
+
+def _digest_tree(root: Path) -> str:
+    """One sha256 over a tree's relative names and the sha256 of each file's bytes."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(
+            path.relative_to(root).as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest()
+        )
+    return h.hexdigest()
+
+
+# What `pack` wrote for tests/conftest.py's tiny_tree before the format moved to converter/format/
+# (issue 45), keyed by the digest of the tree itself: its trees are cut from ../shared's photos when
+# they are there, and are smooth random JPEGs otherwise (as in a user's clone and .ci/run's first run).
+# The index's "source" (the tree's temporary path) reads "<source>".
+PACK_DIGESTS = {
+    # tree cut from ../shared's photos
+    "3d41f4460b8da9c448d52ecda6c0b6e73f9aef2644d45e5d2d7d8293b0ddf994": {
+        "index.json": "ee3b4677334d4c81b9ea8c28d5c604e97946525f63005f9bc7e47dc0dbe1295f",
+        "train-000000.tar": "ed46d86f4f7f9b91fb036efc66186fb68994c9a61356092ee81c87d502d86355",
+        "train-000001.tar": "f23af83b8d205f16e75cec07e925a34f67df6cb189453b21bbf35b750616c228",
+        "train-000002.tar": "5960a41713e1a05c0900e19801b9ff8220bbd897979d041d407589055be5bd51",
+        "train-000003.tar": "3e1381847107ee0cbaa39649b8d685801d7ee94c1ae0c41e8edd88be3540fd50",
+        "val-000000.tar": "79358f9923d4a87722aaff5d3cec057d82ffe12cc5545daeca51875dbf30b604",
+        "val-000001.tar": "443bfd2a4adc2990eaa5dbab85adc390f4c1084465fd0bbe9b1af7e5f7e838d3",
+    },
+    # the fallback tree (no ../shared)
+    "1078cf7200668db41285e12149f7e21d4325a3875e953d64b2bef33e36caf2c8": {
+        "index.json": "b329e5ac0af04c4f5e7a2ca7f6106f354ea9493a036dfd907df02f9ef877445c",
+        "train-000000.tar": "c88ddd57d8792928f2fe506ed397847fb7350d0460f1db9450229dec79376345",
+        "train-000001.tar": "8bd8e8900c10ca5cf8c4647766b1bee4fc824af63306f846cd00dbd3174c0023",
+        "train-000002.tar": "39e6e3f59fffcea5a037b263964a92b5093e96d3c58cb2ab56db769f2e95cde2",
+        "train-000003.tar": "9053bc789ac73762b22b52fb7d977f7369211e6ef54dda3d43d83bb52f758590",
+        "val-000000.tar": "c78cf87765a4eca8f2018d9592c6ecbc7df552c213f4393533fe8c6f0dc4dbf9",
+        "val-000001.tar": "486cb6c231ebe5702431c9a81edc337f224aebed98ea31eb2ed13b189a624e2d",
+    },
+}
+
+
+def test_a_pack_is_byte_identical_to_the_stored_one(tiny_tree, tmp_path):
+    # Moving the format is no change to it: the same tree packs to the same bytes, index and shards.
+    stored = PACK_DIGESTS.get(_digest_tree(tiny_tree))
+    if stored is None:
+        # Pillow's JPEG encoder (another libjpeg-turbo) made other test images: the pack of those
+        # was never stored.
+        pytest.skip(f"no stored pack for this tree of tiny_tree (sha256 {_digest_tree(tiny_tree)})")
+    dst = tmp_path / "packed"
+    pack(tiny_tree, dst, PackConfig(workers=1, shard_size=32768, val_fraction=0.25))
+    index = (dst / "index.json").read_bytes()
+    source = json.dumps(str(tiny_tree))[1:-1].encode()
+    assert source in index
+    found = {"index.json": hashlib.sha256(index.replace(source, b"<source>")).hexdigest()}
+    found |= {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dst.glob("*.tar"))}
+    assert found == stored
+
+
 def test_the_data_path_imports_nothing_from_the_benchmark_package():
     # imgshards.loader.profiling (imgshards bench) reads the data path; never the other way round.
     profiling = f"{LOADER}.profiling"
@@ -577,7 +696,7 @@ IMAGE_SPELLINGS = frozenset(
     | {"gif", "ico", "heic", "heif", "avif"}
 )
 DEFAULT_FORMAT = "jpg"  # the default format's name, spelled where a default is given
-FORMAT_TABLE = ROOT / "converter" / "imageformats.py"
+FORMAT_TABLE = ROOT / "converter" / "format" / "imageformats.py"
 
 
 def extension_literals(path: Path) -> list[tuple[int, str]]:
@@ -599,7 +718,7 @@ def format_offenders() -> list[str]:
     """Where image extensions are spelled outside the format table and one loader module reading it."""
     where: dict[str, dict[str, list[str]]] = {}  # spelling -> folder -> "path:line" places
     for folder, paths in (
-        ("converter", (ROOT / "converter").glob("*.py")),
+        ("converter", (ROOT / "converter").rglob("*.py")),
         ("loader", (ROOT / "loader").rglob("*.py")),
     ):
         for path in sorted(paths):
@@ -618,19 +737,21 @@ def format_offenders() -> list[str]:
 
 
 def test_image_formats_are_known_in_one_table():
-    # Adding a format is one entry in converter/imageformats.py (docs/layout.md): a module that spells
+    # Adding a format is one entry in converter/format/imageformats.py (docs/layout.md): a module that spells
     # an extension itself is a place that entry does not reach.
     wrong = format_offenders()
     assert not wrong, (
-        "image extensions spelled outside converter/imageformats.py (read its table, FORMATS):\n"
+        "image extensions spelled outside converter/format/imageformats.py (read its table, FORMATS):\n"
         + "\n".join(wrong)
     )
 
 
 def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
-    (tmp_path / "converter").mkdir()
+    (tmp_path / "converter" / "format").mkdir(parents=True)
     (tmp_path / "loader" / "image").mkdir(parents=True)
-    (tmp_path / "converter" / "imageformats.py").write_text('PNG = "png"\nTIFF = (".tif", ".tiff")\n')
+    (tmp_path / "converter" / "format" / "imageformats.py").write_text(
+        'PNG = "png"\nTIFF = (".tif", ".tiff")\n'
+    )
     (tmp_path / "converter" / "write.py").write_text(
         '"""Writes .png files: "png"."""\nDEFAULT = "jpg"\nX = 1\n"""png: documents X."""\n'
         'def f(im):\n    """A docstring naming png."""\n    return im.format == "JPEG"\n'
@@ -638,10 +759,10 @@ def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
     (tmp_path / "loader" / "image" / "decode.py").write_text('SLOW = frozenset({".TIF", "png"})\n')
     (tmp_path / "loader" / "scaled.py").write_text('def f(ext):\n    return ext == "jpg" or ext == "png"\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    monkeypatch.setitem(globals(), "FORMAT_TABLE", tmp_path / "converter" / "imageformats.py")
+    monkeypatch.setitem(globals(), "FORMAT_TABLE", tmp_path / "converter" / "format" / "imageformats.py")
     assert format_offenders() == [
         "jpeg: converter/write.py:7: 'JPEG'",  # Pillow's name of it counts: the table holds it
-        "png: converter/imageformats.py:1: 'png'",
+        "png: converter/format/imageformats.py:1: 'png'",
         "png: loader/image/decode.py:1: 'png'",  # a second loader module spells it
         "png: loader/scaled.py:2: 'png'",
     ]
@@ -754,9 +875,9 @@ shown = plural(n, "file")
 
 def test_each_storage_protocol_is_named_in_one_place():
     # A storage protocol's schemes, timeouts, version check and error hints are one entry of
-    # converter/protocols.py; the converter and the loader read that table, and no if-chain on a
+    # converter/format/protocols.py; the converter and the loader read that table, and no if-chain on a
     # scheme name grows elsewhere. Allowed: the table, plus one module of loader/ (its reader).
-    from imgshards.converter.protocols import SCHEMES
+    from imgshards.converter.format.protocols import SCHEMES
 
     where: dict[str, dict[str, list[str]]] = {}  # scheme -> module -> "path:line: 'constant'"
     for folder in FOLDERS:
@@ -771,7 +892,7 @@ def test_each_storage_protocol_is_named_in_one_place():
         if len(per_folder["converter"]) > 1 or len(per_folder["loader"]) > 1 or per_folder["cli"]:
             wrong += [f"{name}:"] + [f"    {hit}" for m in sorted(modules) for hit in modules[m]]
     assert not wrong, (
-        "a storage protocol named outside its table (converter/protocols.py) and one reader in "
+        "a storage protocol named outside its table (converter/format/protocols.py) and one reader in "
         "loader/; read the table instead:\n" + "\n".join(wrong)
     )
 

@@ -85,32 +85,19 @@ def _imports(folder: str) -> set[str]:
     return found
 
 
-# What the loader shares with the converter: the index, the errors, and the readers both sides must
-# agree on (one tar member parser, one image header walker), never the packing itself.
-SHARED_WITH_THE_LOADER = {
-    "imgshards.converter.manifest",
-    "imgshards.converter.errors",
-    "imgshards.converter.headers",
-    "imgshards.converter.tarstream",
-    "imgshards.converter.tarsamples",
-    # The timeouts a URL's file system is given (with_timeouts): the index is read with them too.
-    "imgshards.converter.remotefs",
-    # EXIF orientation, applied one way by pack's conversions and the loader's scaled decode.
-    "imgshards.converter.formats",
-    # Where a dataset is: a path or a URL, its index.json (ShardDataset takes what the CLI takes).
-    "imgshards.converter.locate",
-    # The tables of image formats and storage protocols, one each for both halves (issue 39).
-    "imgshards.converter.imageformats",
-    "imgshards.converter.protocols",
-    # A split's label reader and its tables of samples (ImageFolder's random access, targets, samples).
-    "imgshards.converter.labels",
-    "imgshards.converter.tables",
-    # The index's bounds (a sample's least size bounds a shard's claimed count against its file).
-    "imgshards.converter.validate",
+# What the loader shares with the converter: the packed format, converter/format/ (issue 45): the
+# index, the errors, and the readers both sides must agree on (one tar member parser, one image
+# header walker, the tables of formats and protocols), never the packing itself. tests/test_layout.py
+# checks that format/ imports nothing else of the converter.
+SHARED_WITH_THE_LOADER = {"imgshards.converter.format"} | {
+    f"imgshards.converter.format.{path.stem}"
+    for path in (ROOT / "converter" / "format").glob("*.py")
+    if path.name != "__init__.py"
 }
 
 
 def test_loader_imports_only_the_index_and_the_shared_readers_from_the_converter():
+    assert "imgshards.converter.format.manifest" in SHARED_WITH_THE_LOADER
     used = {m for m in _imports("loader") if m.startswith("imgshards.converter") or m == "click"}
     assert used <= SHARED_WITH_THE_LOADER, used
 

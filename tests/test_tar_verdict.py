@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from imgshards.cli.main import cli
 from imgshards.converter import IndexConfig, LabelSource, ShardInfo, index, read_manifest, verify
-from imgshards.converter.errors import UnreadableSamplesError
+from imgshards.converter.format.errors import UnreadableSamplesError
+from imgshards.converter.format.tarstream import MAX_EXTENDED_HEADER
 from imgshards.converter.shardscan import scan_shard
-from imgshards.converter.tarstream import MAX_EXTENDED_HEADER
 from imgshards.converter.verify import check_shard_stream
 from imgshards.loader.pipeline.tar import read_run
 

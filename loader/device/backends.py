@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image
 
-from imgshards.converter.imageformats import FORMATS, JPEG
+from imgshards.converter.format.imageformats import FORMATS, JPEG
 
 from ..errors import CorruptImageError
 from ..image.decode import JPEG_DECODER, decode, jpeg_header

@@ -11,8 +11,8 @@ naming it and the fix, so the loader imports and decodes on a broken install. Ot
 through Pillow, converted to RGB (palette, alpha, grayscale, CMYK) as ``pack`` would have converted
 them: upright (their EXIF orientation applied, as libjpeg-turbo
 applies a JPEG's), transparency composited onto white
-(:func:`~imgshards.converter.formats.on_white`) and gray of more than 8 bits scaled to 8
-(:func:`~imgshards.converter.formats.eight_bit`), so an image kept in its own format
+(:func:`~imgshards.converter.format.formats.on_white`) and gray of more than 8 bits scaled to 8
+(:func:`~imgshards.converter.format.formats.eight_bit`), so an image kept in its own format
 (``pack --keep-formats``, or a PNG split) arrives as the converted one would.
 The JPEG decoders return channels-last strides (``[3, H, W]`` over ``H x W x 3`` memory): the tensor
 resizes of the presets read that layout fastest, so it is kept, not copied to planar.
@@ -40,15 +40,15 @@ import torch
 from PIL import Image
 
 # EXIF orientation, flattening on white and the scaling of deep gray, as pack's conversion applies them
-from imgshards.converter.errors import shown
-from imgshards.converter.formats import eight_bit, on_white, orientation, upright
-from imgshards.converter.headers import (
+from imgshards.converter.format.errors import shown
+from imgshards.converter.format.formats import eight_bit, on_white, orientation, upright
+from imgshards.converter.format.headers import (
     JpegHeader,
     jpeg_header,
     oversized,
     too_many_scans,
 )  # one JPEG header walker, the converter's
-from imgshards.converter.imageformats import FORMATS, JPEG
+from imgshards.converter.format.imageformats import FORMATS, JPEG
 
 from ..errors import CorruptImageError
 
@@ -290,7 +290,7 @@ def decode(
 
     The image's header is read first: one that declares more pixels than Pillow's
     ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes), or
-    a JPEG with more scans than :data:`~imgshards.converter.headers.MAX_SCANS` (each scan a pass
+    a JPEG with more scans than :data:`~imgshards.converter.format.headers.MAX_SCANS` (each scan a pass
     over the whole image: thousands of them take minutes), is refused before any decode.
 
     A JPEG that libjpeg decodes while warning that its data is damaged (``Corrupt JPEG data: premature

@@ -11,15 +11,15 @@ torchvision's (``root, transform, target_transform, loader, is_valid_file, allow
 numbered in the order they are packed (shuffled by ``pack``), not in ImageFolder's sorted order:
 ``targets[i]`` is ``ds[i]``'s label.
 
-Building it reads only ``index.json`` (no listing). Its tables (``converter/tables.py``) give, for
+Building it reads only ``index.json`` (no listing). Its tables (``converter/format/tables.py``) give, for
 each sample, where it starts in its shard, its class id, its key's CRC-32 and its source path; the
 first three are held as ``numpy`` arrays (10 bytes a sample, shared copy-on-write by forked
 workers), the sources as the index holds them, compressed, until ``samples`` is first asked for.
 ``targets`` and ``samples`` open no shard. ``ds[i]`` reads sample ``i``'s bytes, from its first tar
 header to the next sample's, with one ``os.pread``, parses them with the converter's one tar parser
-and sample grouper (:class:`~imgshards.converter.tarstream.TarStream`,
-:class:`~imgshards.converter.tarsamples.SampleReader`,
-:func:`~imgshards.converter.tarsamples.sample_problem`), and checks that they are the sample the
+and sample grouper (:class:`~imgshards.converter.format.tarstream.TarStream`,
+:class:`~imgshards.converter.format.tarsamples.SampleReader`,
+:func:`~imgshards.converter.format.tarsamples.sample_problem`), and checks that they are the sample the
 index names: exactly one sample's members, ending where the next sample starts, under the key and
 with the label the index gives. The image is decoded by
 :func:`~imgshards.loader.image.decode.pil_image` (the same bounds, before any decode, as
@@ -53,13 +53,19 @@ import numpy as np
 from torchvision.datasets import VisionDataset
 from torchvision.datasets import folder as torchvision_folder
 
-from imgshards.converter.errors import ManifestError, ShardFormatError
-from imgshards.converter.labels import label_value
-from imgshards.converter.locate import INDEX_NAME, is_url, local_path
-from imgshards.converter.manifest import IMAGE_EXTENSIONS, Manifest, ShardInfo, SplitInfo, read_manifest
-from imgshards.converter.tables import BLOCK, decode_sources, decode_table, key_digest
-from imgshards.converter.tarsamples import SampleReader, checked_samples, sample_problem, shown
-from imgshards.converter.tarstream import TarStream
+from imgshards.converter.format.errors import ManifestError, ShardFormatError
+from imgshards.converter.format.labels import label_value
+from imgshards.converter.format.locate import INDEX_NAME, is_url, local_path
+from imgshards.converter.format.manifest import (
+    IMAGE_EXTENSIONS,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    read_manifest,
+)
+from imgshards.converter.format.tables import BLOCK, decode_sources, decode_table, key_digest
+from imgshards.converter.format.tarsamples import SampleReader, checked_samples, sample_problem, shown
+from imgshards.converter.format.tarstream import TarStream
 
 from ..errors import ConfigError, CorruptImageError, DatasetNotFoundError, ShardReadError
 from ..image.decode import pil_image

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from imgshards.converter.manifest import SplitInfo
+from imgshards.converter.format.manifest import SplitInfo
 
 from ..epoch import elastic, partition
 from ..epoch.order import resumed_order, worker_order

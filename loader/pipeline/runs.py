@@ -28,8 +28,8 @@ from typing import BinaryIO, TypeVar, cast
 import numpy as np
 import torch
 
-from imgshards.converter.locate import redact_url
-from imgshards.converter.manifest import ShardInfo, SplitInfo
+from imgshards.converter.format.locate import redact_url
+from imgshards.converter.format.manifest import ShardInfo, SplitInfo
 
 from ..epoch.order import Pending
 from ..epoch.partition import Segment

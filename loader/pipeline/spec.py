@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from imgshards.converter.locate import redact_url
-from imgshards.converter.manifest import Manifest, SplitInfo
+from imgshards.converter.format.locate import redact_url
+from imgshards.converter.format.manifest import Manifest, SplitInfo
 
 from ..epoch import elastic, partition
 from ..epoch.position import Leg, PassPosition

@@ -1,8 +1,9 @@
 """Read a run of samples from one WebDataset tar shard as raw (undecoded) bytes: the loader's adapter.
 
-The tar is parsed by the converter's one member parser (:class:`~imgshards.converter.tarstream.TarStream`)
-and grouped into samples by its one grouper (:class:`~imgshards.converter.tarsamples.SampleReader`), the
-very code ``imgshards index`` and ``verify`` read shards with, so all three accept and refuse the same
+The tar is parsed by the format's one member parser
+(:class:`~imgshards.converter.format.tarstream.TarStream`) and grouped into samples by its one
+grouper (:class:`~imgshards.converter.format.tarsamples.SampleReader`), the very code
+``imgshards index`` and ``verify`` read shards with, so all three accept and refuse the same
 members (sparse files, a NUL in a name, extended headers past the one cap...) and count the same
 samples. Not ``tarfile``: its stream mode reads in 10 KiB Python-level chunks and parses every
 header field in Python. The parser does one ``read`` per header and one per kept member, checks each
@@ -19,7 +20,7 @@ A shard is untrusted input: every member's declared size is checked against the 
 shard before anything is allocated or skipped, names that are not UTF-8 are read as bytes
 (``surrogateescape``, as ``tarfile`` does), and a sample that is not one image and a label, or whose
 label is not a class id in ``0..classes-1`` (read by the one label reader,
-:func:`~imgshards.converter.labels.label_value`), is corrupt (``on_corrupt``), never passed on.
+:func:`~imgshards.converter.format.labels.label_value`), is corrupt (``on_corrupt``), never passed on.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from imgshards.converter.errors import ImgshardsError, ShardFormatError
-from imgshards.converter.manifest import IMAGE_EXTENSIONS, LabelSource, open_regular
-from imgshards.converter.tarsamples import SampleReader, TarSample, sample_problem
-from imgshards.converter.tarstream import TarStream
+from imgshards.converter.format.errors import ImgshardsError, ShardFormatError
+from imgshards.converter.format.manifest import IMAGE_EXTENSIONS, LabelSource, open_regular
+from imgshards.converter.format.tarsamples import SampleReader, TarSample, sample_problem
+from imgshards.converter.format.tarstream import TarStream
 
 from ..errors import CorruptImageError, ResourceLimitError, ShardReadError
 

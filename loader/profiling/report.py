@@ -13,7 +13,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from imgshards.converter.imageformats import PNG
+from imgshards.converter.format.imageformats import PNG
 
 from .devicerun import DeviceRun
 

@@ -58,9 +58,9 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 from tqdm.auto import tqdm
 
-from imgshards.converter.errors import SourceError
-from imgshards.converter.imageformats import member_name
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.errors import SourceError
+from imgshards.converter.format.imageformats import member_name
+from imgshards.converter.format.manifest import read_manifest
 
 from ..dataloader import make_loader
 from ..dataset import ShardDataset

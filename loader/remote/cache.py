@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from imgshards.converter.manifest import check_name
+from imgshards.converter.format.manifest import check_name
 
 from ..errors import ConfigError
 

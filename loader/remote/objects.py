@@ -5,7 +5,7 @@ the tar reader the bytes of two versions: samples lost, others read twice, nothi
 first answer for a shard pins its version, and every later answer must carry the same one, else the
 read raises :class:`~imgshards.loader.errors.ShardAccessError` ("changed on the server during the
 pass"), which ends the epoch: never a mix of two versions. Per file system (its entry's ``version``
-in the protocol table, :mod:`imgshards.converter.protocols`)::
+in the protocol table, :mod:`imgshards.converter.format.protocols`)::
 
     HTTP(S)  GET with Range; the version is the answer's ETag (else its Last-Modified) and the
              object's size (the total of Content-Range, or Content-Length for a whole answer)
@@ -32,8 +32,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from imgshards.converter.protocols import Version as VersionCheck
-from imgshards.converter.protocols import for_fs
+from imgshards.converter.format.protocols import Version as VersionCheck
+from imgshards.converter.format.protocols import for_fs
 
 from ..errors import ShardAccessError
 from .ranges import AnswerTooSlow, RangesIgnored, WholeStream
@@ -262,7 +262,7 @@ def _show(version: Version) -> str:
 def remote_object(fs: Any, path: str, name: str, size: int, deadline: Deadline | None = None) -> RemoteObject:
     """The reader of one object for ``fs``: checked (and each request held to ``deadline``) on HTTP and S3.
 
-    Which reader is the :attr:`~imgshards.converter.protocols.Protocol.version` of ``fs``'s protocol.
+    Which reader is the :attr:`~imgshards.converter.format.protocols.Protocol.version` of ``fs``'s protocol.
     """
     protocol = for_fs(fs)
     kind = _READERS.get(protocol.version, RemoteObject) if protocol is not None else RemoteObject

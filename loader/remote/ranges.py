@@ -21,7 +21,7 @@ the bytes before the position it needs (``open_whole``).
 
 A request that stalls is such a transient error: the file system's own connect and read timeouts
 (``timeout`` seconds, given to it as storage options: see
-:func:`imgshards.converter.remotefs.with_timeouts`) end a try whose server stops answering. A server
+:func:`imgshards.converter.format.remotefs.with_timeouts`) end a try whose server stops answering. A server
 that trickles (a byte now and then, each one resetting the read timeout) is ended by the request's
 deadline, :meth:`RetryPolicy.deadline`: ``2 x timeout`` plus its bytes at :data:`MIN_RATE` (HTTP and
 S3: :mod:`.objects`). Every wait on a request is bounded here as well, so a file system that ignores
@@ -47,9 +47,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from imgshards.converter.locate import redact_url, shown_cause
-from imgshards.converter.protocols import DENIED_HINT, NO_CREDENTIALS_ERRORS, for_url
-from imgshards.converter.remotefs import DEFAULT_TIMEOUT
+from imgshards.converter.format.locate import redact_url, shown_cause
+from imgshards.converter.format.protocols import DENIED_HINT, NO_CREDENTIALS_ERRORS, for_url
+from imgshards.converter.format.remotefs import DEFAULT_TIMEOUT
 
 from ..errors import ShardAccessError, ShardReadError
 

@@ -44,10 +44,10 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from imgshards.converter.errors import ManifestError
-from imgshards.converter.locate import redact_url, shown_cause
-from imgshards.converter.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
-from imgshards.converter.remotefs import with_timeouts
+from imgshards.converter.format.errors import ManifestError
+from imgshards.converter.format.locate import redact_url, shown_cause
+from imgshards.converter.format.manifest import INDEX_NAME, ShardInfo, is_url, local_path, open_regular
+from imgshards.converter.format.remotefs import with_timeouts
 
 from ..errors import ConfigError, ResourceLimitError, ShardAccessError, ShardReadError
 from .cache import Reservation, ShardCache, end_with
@@ -78,7 +78,7 @@ class ShardSource:
         retry: How a failing request is repeated.
         timeout: Seconds a request may wait on the server, to connect and for each next piece of
             its answer, before the try fails (and is retried as ``retry`` says): given to the file
-            system (:func:`~imgshards.converter.remotefs.with_timeouts`; a timeout set in
+            system (:func:`~imgshards.converter.format.remotefs.with_timeouts`; a timeout set in
             ``storage_options`` wins), and bounding every wait of the reader too.
 
     """

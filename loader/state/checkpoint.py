@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from imgshards.converter.manifest import ShardInfo
+from imgshards.converter.format.manifest import ShardInfo
 
 from ..epoch.position import Leg
 from ..errors import ResumeError

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 from torch.utils.data import get_worker_info
 
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.locate import redact_url
 
 from ..epoch import partition
 from ..epoch.position import Leg, PassPosition

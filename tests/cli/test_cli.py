@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from imgshards.cli.main import cli
-from imgshards.converter.tarwriter import BLOCK, END_AT_MOST, RECORD
+from imgshards.converter.format.tarwriter import BLOCK, END_AT_MOST, RECORD
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from imgshards.converter.errors import shown
+from imgshards.converter.format.errors import shown
 
 from .conftest import one_line_error, run
 

@@ -23,7 +23,7 @@ from PIL import Image
 from imgshards.cli.main import cli
 from imgshards.converter import PackConfig, Reason, pack
 from imgshards.converter.check import Check, inspect_image
-from imgshards.converter.headers import (
+from imgshards.converter.format.headers import (
     MAX_SCANS,
     image_size,
     jpeg_header,

@@ -10,7 +10,7 @@ import webdataset as wds
 from PIL import Image
 
 from imgshards.converter import PackConfig, pack, read_manifest, reader_warnings
-from imgshards.converter.formats import convert_image, main_format
+from imgshards.converter.format.formats import convert_image, main_format
 
 
 def _samples(out, split="train"):

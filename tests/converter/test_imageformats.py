@@ -1,4 +1,4 @@
-"""The table of image formats (converter/imageformats.py): what every other module reads of a format."""
+"""The table of image formats (converter/format/imageformats.py): what every other module reads of one."""
 
 import io
 
@@ -7,8 +7,8 @@ from PIL import Image, features
 
 from imgshards.converter import IMG_EXTENSIONS as PUBLIC_IMG_EXTENSIONS
 from imgshards.converter.check import Check, inspect_image
-from imgshards.converter.formats import main_format, reader_warnings
-from imgshards.converter.imageformats import (
+from imgshards.converter.format.formats import main_format, reader_warnings
+from imgshards.converter.format.imageformats import (
     ALWAYS_CONVERTED,
     AVIF,
     FORMATS,
@@ -36,7 +36,7 @@ def test_each_name_and_suffix_means_one_format():
 
 
 def test_the_derived_lists_are_those_the_modules_spelled():
-    # What converter/locate.py, manifest.py, formats.py and check.py each spelled before the table.
+    # What converter/format/locate.py, manifest.py, formats.py and check.py each spelled before the table.
     torchvision = pytest.importorskip("torchvision.datasets.folder")
     assert IMG_EXTENSIONS == torchvision.IMG_EXTENSIONS == PUBLIC_IMG_EXTENSIONS  # in its order too
     assert PHOTO_EXTENSIONS == (".heic", ".heif", ".avif")

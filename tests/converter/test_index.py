@@ -21,7 +21,7 @@ from imgshards.converter import (
     verify,
     verify_url,
 )
-from imgshards.converter.manifest import INDEX_NAME, TIMM_INFO_NAME
+from imgshards.converter.format.manifest import INDEX_NAME, TIMM_INFO_NAME
 
 # `bench` decodes through torchvision, whose codecs 0.29 deprecates (as in tests/loader).
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")

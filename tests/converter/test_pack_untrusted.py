@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from imgshards.converter import PackConfig, PackHooks, pack
-from imgshards.converter.errors import PackError
+from imgshards.converter.format.errors import PackError
 
 CONFIG = PackConfig(shard_size=8_000, workers=2)  # ~3 samples a shard: a dozen shards
 

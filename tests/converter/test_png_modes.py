@@ -3,7 +3,7 @@
 On 1bc048c a 32-bit integer TIFF (Pillow mode ``I``) bound for a PNG split was rejected as
 "undecodable: cannot write mode I as PNG": a valid image, a false reason. PNG holds at most 16 bits
 of gray, so it is now stored as 16-bit (values clipped to 0..65535), the same reading of it that
-the JPEG split's conversion scales to 8 bits (:func:`~imgshards.converter.formats.eight_bit`).
+the JPEG split's conversion scales to 8 bits (:func:`~imgshards.converter.format.formats.eight_bit`).
 A big-endian 16-bit TIFF (``I;16B``) bound for a PNG split came out black (Pillow's
 ``convert("I;16")`` zeroes it); it keeps its values now.
 """
@@ -19,12 +19,15 @@ import pytest
 from PIL import Image
 
 from imgshards.converter import PackConfig, pack, read_manifest
-from imgshards.converter.formats import convert_image
+from imgshards.converter.format.formats import convert_image
 
 
 def eight_bit(im: Image.Image) -> Image.Image:
-    """:func:`imgshards.converter.formats.eight_bit`, imported late: this file also runs on older code."""
-    from imgshards.converter import formats
+    """:func:`imgshards.converter.format.formats.eight_bit`, imported late.
+
+    This file also runs on older code.
+    """
+    from imgshards.converter.format import formats
 
     return formats.eight_bit(im)
 

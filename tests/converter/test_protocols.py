@@ -1,4 +1,4 @@
-"""The table of storage protocols (converter/protocols.py) and what reads it in the converter.
+"""The table of storage protocols (converter/format/protocols.py) and what reads it in the converter.
 
 Adding a backend is one entry in the table: these tests hold the table together (each scheme once,
 each extra one that pyproject.toml installs) and check what each entry's fields do where the
@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from imgshards.converter import protocols
-from imgshards.converter.locate import is_url, local_path, url_typo
-from imgshards.converter.remotefs import Remote, with_timeouts
+from imgshards.converter.format import protocols
+from imgshards.converter.format.locate import is_url, local_path, url_typo
+from imgshards.converter.format.remotefs import Remote, with_timeouts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ from PIL import Image
 
 from imgshards.cli.main import cli
 from imgshards.converter import Check, PackConfig, Reason, SourceError, pack, scan_tree
-from imgshards.converter.errors import PackError, shown
+from imgshards.converter.format.errors import PackError, shown
 from imgshards.converter.scan import PathTable
 from imgshards.converter.sourcefiles import read_bound, read_file
 from imgshards.converter.write import GatherTask, ShardTask, gather, write_shard

@@ -5,7 +5,7 @@ import tarfile
 
 import pytest
 
-from imgshards.converter.tarwriter import RECORD, TarWriter, _header
+from imgshards.converter.format.tarwriter import RECORD, TarWriter, _header
 
 
 def test_headers_are_exactly_tarfiles_ustar_headers():

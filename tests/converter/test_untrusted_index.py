@@ -19,7 +19,12 @@ from click.testing import CliRunner
 
 from imgshards.cli.main import cli
 from imgshards.converter import ManifestError, read_manifest, verify
-from imgshards.converter.validate import MAX_DEPTH, MAX_INDEX_BYTES, MAX_INDEX_VALUES, check_relative_path
+from imgshards.converter.format.validate import (
+    MAX_DEPTH,
+    MAX_INDEX_BYTES,
+    MAX_INDEX_VALUES,
+    check_relative_path,
+)
 
 HANG = 30  # seconds: what each of these took before was "forever"
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import webdataset as wds
 
-from imgshards.converter.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from imgshards.converter.format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from imgshards.loader import Batch
 from imgshards.loader.image.decode import decode
 

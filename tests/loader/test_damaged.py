@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader import ConfigError, ShardDataset, ShardReadError, make_loader
 from imgshards.loader.epoch.position import PassPosition
 

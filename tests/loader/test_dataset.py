@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from imgshards.converter import PackConfig, pack
-from imgshards.converter.errors import ManifestError
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.errors import ManifestError
+from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
 from imgshards.loader.epoch.position import PassPosition
 from imgshards.loader.pipeline.collate import pool_token

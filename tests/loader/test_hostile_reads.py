@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from imgshards.converter import pack
 from imgshards.converter.config import PackConfig
-from imgshards.converter.manifest import INDEX_NAME, read_manifest
-from imgshards.converter.tables import TABLES, decode_table, encode_table
+from imgshards.converter.format.manifest import INDEX_NAME, read_manifest
+from imgshards.converter.format.tables import TABLES, decode_table, encode_table
 from imgshards.loader import ConfigError, CorruptImageError, ImageFolder, MixedDataset, ShardDataset
 
 HUGE = 10_737_418_240  # samples claimed by an index of a few KB

@@ -28,9 +28,9 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, random_spli
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from imgshards.converter.errors import ManifestError
-from imgshards.converter.manifest import INDEX_NAME, read_manifest
-from imgshards.converter.tables import BLOCK, decode_table, encode_table
+from imgshards.converter.format.errors import ManifestError
+from imgshards.converter.format.manifest import INDEX_NAME, read_manifest
+from imgshards.converter.format.tables import BLOCK, decode_table, encode_table
 from imgshards.loader import ConfigError, CorruptImageError, ImageFolder
 from imgshards.loader.image.decode import decode, pil_image
 

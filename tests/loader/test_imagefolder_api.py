@@ -24,7 +24,7 @@ from torchvision.datasets.folder import default_loader as torchvision_default_lo
 
 from imgshards.converter import IndexConfig, index, pack
 from imgshards.converter.config import PackConfig
-from imgshards.converter.manifest import INDEX_NAME, read_manifest
+from imgshards.converter.format.manifest import INDEX_NAME, read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, DatasetNotFoundError, ImageFolder
 
 
@@ -237,7 +237,7 @@ def test_a_table_of_starts_shifted_by_one_never_reads_a_neighbour(tiny_tree, tmp
     root = tmp_path / "p"
     pack(tiny_tree, root, PackConfig(workers=1))  # one shard
     doc = json.loads((root / INDEX_NAME).read_text())
-    from imgshards.converter.tables import decode_table, encode_table
+    from imgshards.converter.format.tables import decode_table, encode_table
 
     shard = doc["splits"]["train"]["shards"][0]
     starts = list(decode_table(shard["offsets"]))

@@ -23,8 +23,8 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from imgshards.converter.formats import convert_image
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.formats import convert_image
+from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader import ImageFolder, ShardDataset, make_loader
 from imgshards.loader.image.decode import decode
 
@@ -32,15 +32,21 @@ IDENTITY = torch.nn.Identity()
 
 
 def eight_bit(im: Image.Image) -> Image.Image:
-    """:func:`imgshards.converter.formats.eight_bit`, imported late: this file also runs on older code."""
-    from imgshards.converter import formats
+    """:func:`imgshards.converter.format.formats.eight_bit`, imported late.
+
+    This file also runs on older code.
+    """
+    from imgshards.converter.format import formats
 
     return formats.eight_bit(im)
 
 
 def on_white(im: Image.Image) -> Image.Image:
-    """:func:`imgshards.converter.formats.on_white`, imported late: this file also runs on older code."""
-    from imgshards.converter import formats
+    """:func:`imgshards.converter.format.formats.on_white`, imported late.
+
+    This file also runs on older code.
+    """
+    from imgshards.converter.format import formats
 
     return formats.on_white(im)
 

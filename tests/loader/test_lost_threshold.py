@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader import ShardDataset, ShardReadError, make_loader
 
 IDENTITY = torch.nn.Identity()

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imgshards.converter import ManifestError, read_manifest
-from imgshards.converter.manifest import split_member_name
-from imgshards.converter.tables import decode_table, encode_table
+from imgshards.converter.format.manifest import split_member_name
+from imgshards.converter.format.tables import decode_table, encode_table
 from imgshards.loader import ShardDataset
 from imgshards.loader.pipeline.tar import read_run
 

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader.pipeline.tar import read_run
 
 

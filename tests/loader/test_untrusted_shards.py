@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from imgshards.converter import ManifestError, read_manifest
-from imgshards.converter.headers import jpeg_scans
+from imgshards.converter.format.headers import jpeg_scans
 from imgshards.loader import (
     ConfigError,
     CorruptImageError,

@@ -1,4 +1,4 @@
-"""The loader reads the protocol table (converter/protocols.py): which reader pins an object's
+"""The loader reads the protocol table (converter/format/protocols.py): which reader pins an object's
 version, and what an access-denied error tells to do, per file system.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from imgshards.converter import protocols
+from imgshards.converter.format import protocols
 from imgshards.loader.errors import ShardAccessError
 from imgshards.loader.remote.objects import RemoteObject, remote_object
 from imgshards.loader.remote.ranges import access_error

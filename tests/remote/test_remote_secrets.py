@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from imgshards.cli.main import cli
 from imgshards.converter import read_manifest
-from imgshards.converter.locate import redact_url
+from imgshards.converter.format.locate import redact_url
 
 PASSWORD = "PASSWORD-s3cr3t"
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from imgshards.converter.errors import ManifestError
-from imgshards.converter.manifest import read_manifest
+from imgshards.converter.format.errors import ManifestError
+from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader.errors import ConfigError, ShardReadError
 from imgshards.loader.remote.ranges import RetryPolicy
 from imgshards.loader.remote.source import ShardSource

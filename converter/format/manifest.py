@@ -1,7 +1,8 @@
 """The index file that describes a packed dataset: ``index.json`` at the root of the output directory.
 
-This module is the one contract between the converter and the loader (the loader imports nothing
-else from the converter), so it depends on the standard library only.
+The index is the heart of the packed format (:mod:`imgshards.converter.format`), the one contract
+between the converter and the loader: the loader imports nothing else of the converter, and this
+package imports nothing but itself.
 
 Layout of ``index.json`` (``version`` 1)::
 
@@ -16,7 +17,7 @@ Layout of ``index.json`` (``version`` 1)::
           "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "...",
                       "offsets": "AAAAAA8BAAA...",   # where each sample starts, its class id,
                       "labels": "BwAAAAIAAAA...",    # its key's CRC-32 and its source path
-                      "keys": "xq3bCQ...", "sources": "eJxLTiw..."}],  # (converter/tables.py)
+                      "keys": "xq3bCQ...", "sources": "eJxLTiw..."}],  # (converter/format/tables.py)
           "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
