@@ -280,9 +280,11 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 ds = ImageFolder(root)
-sys.addaudithook(hook)
+counting = sys.argv[2] == "count"  # the audit hook and tracemalloc slow it: timed in another run
+if counting:
+    sys.addaudithook(hook)
+    tracemalloc.start()
 before = rss()
-tracemalloc.start()
 start = time.perf_counter()
 targets = ds.targets
 t_targets = time.perf_counter() - start
@@ -291,7 +293,7 @@ first, last = samples[0], samples[len(samples) - 1]
 t_samples = time.perf_counter() - start - t_targets
 n = sum(1 for _ in samples)  # every item made once
 t_walk = time.perf_counter() - start - t_targets - t_samples
-held = tracemalloc.get_traced_memory()[0]
+held = tracemalloc.get_traced_memory()[0] if counting else 0
 print(json.dumps({"n": len(ds), "walked": n, "targets": t_targets, "samples": t_samples, "walk": t_walk,
                   "held": held, "rss": rss() - before, "opened": len(opened), "count0": targets.count(0)}))
 """
@@ -321,11 +323,15 @@ def tables(a: argparse.Namespace) -> None:
               "| RSS added | shards opened |")  # fmt: skip
         print("|---|---:|---:|---:|---:|---:|---:|")
         for r in range(a.rounds):
-            cmd = [sys.executable, "-c", _TABLES, tmp]
-            m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            runs = []
+            for mode in ("time", "count"):  # timed in one process; memory and shards opened in another
+                cmd = [sys.executable, "-c", _TABLES, tmp, mode]
+                done = subprocess.run(cmd, check=True, capture_output=True)
+                runs.append(json.loads(done.stdout))
+            m, c = runs
             print(f"| {r + 1} | {m['targets'] * 1e3:.0f} ms | {m['samples'] * 1e3:.0f} ms | "
-                  f"{m['walk'] * 1e3:.0f} ms | {m['held'] / 2**20:.1f} MiB | {m['rss'] / 2**20:.1f} MiB | "
-                  f"{m['opened']} |")  # fmt: skip
+                  f"{m['walk'] * 1e3:.0f} ms | {c['held'] / 2**20:.1f} MiB | {m['rss'] / 2**20:.1f} MiB | "
+                  f"{c['opened']} |")  # fmt: skip
 
 
 def main() -> None:

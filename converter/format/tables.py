@@ -115,12 +115,12 @@ def decode_sources(text: str, samples: int) -> list[str]:
         raise ValueError(f"more than {samples} paths of at most {MAX_SOURCE_BYTES} bytes, or cut short")
     if raw and not raw.endswith(b"\0"):
         raise ValueError("paths not each ended by a NUL")
-    paths = raw.split(b"\0")[:-1] if raw else []
+    paths = raw.decode("utf-8", "surrogateescape").split("\0")[:-1]  # a NUL is no byte of a longer character
     if len(paths) != samples:
         raise ValueError(f"one path per sample ({samples}), not {len(paths)}")
-    if any(not p or len(p) > MAX_SOURCE_BYTES for p in paths):
-        raise ValueError(f"a path empty or over {MAX_SOURCE_BYTES} bytes")
-    return [p.decode("utf-8", "surrogateescape") for p in paths]
+    if paths and (min(map(len, paths)) == 0 or max(map(len, paths)) > MAX_SOURCE_BYTES):
+        raise ValueError(f"a path empty or over {MAX_SOURCE_BYTES} characters")
+    return paths
 
 
 def _table(text: object, samples: int) -> tuple[array[int] | None, str | None]:

@@ -186,7 +186,7 @@ class ImageFolder(VisionDataset):
         self._label_table = _joined(shards, "labels", _id_type(len(self.classes)))
         # The sources, compressed as the index holds them, inflated when ``samples`` is first read.
         self._source_tables: list[str | None] | None = [s.table("sources") for s in shards]
-        self._sources: list[str] | None = None
+        self._sources: _Sources | None = None
         self.split_info: SplitInfo = replace(split_info, shards=tuple(_without_tables(s) for s in shards))
         self._kept: np.ndarray | None = None  # positions in the split of the samples is_valid_file kept
         if is_valid_file is not None:
@@ -258,7 +258,8 @@ class ImageFolder(VisionDataset):
         samples cost their paths' bytes, not a million tuples.
         """
         if self._samples is None:
-            self._samples = _Samples(self._source_array(), self._label_array())
+            sources, labels = self._source_paths(), self._label_array(every=True)
+            self._samples = _Samples(sources, labels, self._kept)
         return self._samples
 
     @property
@@ -283,7 +284,8 @@ class ImageFolder(VisionDataset):
     # ---- pickling into spawn workers: no open file crosses ---------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": OrderedDict(), "_sizes": {}, "_pid": -1, "_targets": None}
+        no_lists = {"_targets": None, "_samples": None, "_sources": None, "_source_tables": None}
+        return {**self.__dict__, "_files": OrderedDict(), "_sizes": {}, "_pid": -1, **no_lists}
 
     def close(self) -> None:
         """Close the shards this process holds open (reading again opens them again)."""
@@ -296,48 +298,34 @@ class ImageFolder(VisionDataset):
 
     # ---- the tables --------------------------------------------------------------------------------
 
-    def _label_array(self) -> np.ndarray:
-        """Every kept sample's class id: the index's table, or (an older index) read from the shards."""
+    def _label_array(self, *, every: bool = False) -> np.ndarray:
+        """Every kept sample's class id (``every``: every sample's), from the index or the shards."""
         if self._label_table is None:
-            self._label_table, sources = self._read_tables()
+            self._label_table, paths = self._read_tables()
             if self._sources is None:
-                self._sources = sources
-        return self._label_table if self._kept is None else self._label_table[self._kept]
+                self._sources = _Sources(self._first, self.split_info.shards, paths=paths)
+        return self._label_table if self._kept is None or every else self._label_table[self._kept]
 
-    def _source_array(self) -> list[str]:
-        """Every kept sample's source path: the index's table, or (an older index) read from the shards."""
+    def _source_paths(self) -> _Sources:
+        """Every sample's source path, by position: the index's tables, or (an older index) the shards'."""
         if self._sources is None:
             tables = self._source_tables
-            if tables is None:  # dropped after use; a spawn worker reads the index again
+            if tables is None:  # not pickled into a spawn worker: read from the index again
                 tables = [s.table("sources") for s in _locate(self.root, self.split)[2].shards]
             if any(t is None for t in tables):
-                labels, self._sources = self._read_tables()
+                labels, paths = self._read_tables()
                 if self._label_table is None:
                     self._label_table = labels
+                self._sources = _Sources(self._first, self.split_info.shards, paths=paths)
             else:
-                self._sources = self._inflate(tables)
-            self._source_tables = None
-        if self._kept is None:
-            return self._sources
-        return [self._sources[i] for i in self._kept.tolist()]
-
-    def _inflate(self, tables: Sequence[str | None]) -> list[str]:
-        sources: list[str] = []
-        for shard, text in zip(self.split_info.shards, tables, strict=True):
-            try:
-                sources += decode_sources(text or "", shard.samples)
-            except ValueError as e:
-                raise ManifestError(
-                    f"{self.root}/{INDEX_NAME}: the sources of shard {shard.name} are not what they must "
-                    f"be ({e}); re-pack the dataset"
-                ) from None
-        return sources
+                where = f"{self.root}/{INDEX_NAME}"
+                self._sources = _Sources(self._first, self.split_info.shards, tables=tables, where=where)
+        return self._sources
 
     def _valid(self, is_valid_file: Callable[[str], bool], allow_empty: bool) -> np.ndarray:
         """Positions of the samples ``is_valid_file`` keeps; a class left empty raises, as in torchvision."""
-        kept = np.fromiter(
-            (i for i, path in enumerate(self._source_array()) if is_valid_file(path)), dtype=np.int64
-        )
+        paths = self._source_paths()
+        kept = np.fromiter((i for i, path in enumerate(paths) if is_valid_file(path)), np.int64)
         labels = self._label_array()
         if not allow_empty:
             present = np.bincount(labels[kept], minlength=len(self.classes)) > 0
@@ -500,14 +488,65 @@ class ImageFolder(VisionDataset):
         return targets, sources
 
 
+class _Sources:
+    """Each sample's source path by its position in the split, inflated one shard at a time.
+
+    The index's tables stay compressed (a few bytes a sample); the shard last read is kept inflated,
+    so a walk in order inflates each shard once. An index without the tables gives the paths read
+    from the shards, as a list.
+    """
+
+    def __init__(
+        self,
+        first: np.ndarray,
+        shards: Sequence[ShardInfo],
+        *,
+        tables: Sequence[str | None] = (),
+        paths: list[str] | None = None,
+        where: str = "",
+    ) -> None:
+        self._first, self._shards, self._tables, self._where = first, shards, tables, where
+        self._paths = paths
+        self._shard = -1  # the shard last inflated, and its paths
+        self._inflated: list[str] = []
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    def path(self, i: int) -> str:
+        """Sample ``i``'s source path."""
+        if self._paths is not None:
+            return self._paths[i]
+        s = int(np.searchsorted(self._first, i, side="right")) - 1
+        return self._of(s)[i - int(self._first[s])]
+
+    def __iter__(self) -> Iterator[str]:
+        if self._paths is not None:
+            return iter(self._paths)
+        return (path for s in range(len(self._shards)) for path in self._of(s))
+
+    def _of(self, s: int) -> list[str]:
+        if s != self._shard:
+            shard = self._shards[s]
+            try:
+                self._inflated = decode_sources(self._tables[s] or "", shard.samples)
+            except ValueError as e:
+                raise ManifestError(
+                    f"{self._where}: the sources of shard {shard.name} are not what they must be ({e}); "
+                    "re-pack the dataset"
+                ) from None
+            self._shard = s
+        return self._inflated
+
+
 class _Samples(Sequence[tuple[str, int]]):
     """``(source path, class id)`` pairs, each made as it is read: torchvision's ``samples``, no tuples."""
 
-    def __init__(self, paths: list[str], labels: np.ndarray) -> None:
-        self._paths, self._labels = paths, labels.tolist()
+    def __init__(self, sources: _Sources, labels: np.ndarray, kept: np.ndarray | None) -> None:
+        self._sources, self._labels, self._kept = sources, labels, kept
 
     def __len__(self) -> int:
-        return len(self._paths)
+        return len(self._labels) if self._kept is None else len(self._kept)
 
     @overload
     def __getitem__(self, index: int) -> tuple[str, int]: ...
@@ -515,11 +554,19 @@ class _Samples(Sequence[tuple[str, int]]):
     def __getitem__(self, index: slice) -> list[tuple[str, int]]: ...
     def __getitem__(self, index: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
         if isinstance(index, slice):
-            return list(zip(self._paths[index], self._labels[index], strict=True))
-        return self._paths[index], self._labels[index]
+            return [self[k] for k in range(*index.indices(len(self)))]
+        k = operator.index(index)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"sample {index} of {len(self)}")
+        i = k if self._kept is None else int(self._kept[k])
+        return self._sources.path(i), int(self._labels[i])
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
-        return zip(self._paths, self._labels, strict=True)
+        if self._kept is None:
+            return zip(self._sources, self._labels.tolist(), strict=True)
+        return (self[k] for k in range(len(self)))  # kept positions increase: each shard inflated once
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, (list, tuple, _Samples)) and list(self) == list(other)
