@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import operator
 import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 __all__ = [
     "BLOCK",
@@ -144,11 +146,9 @@ def offsets_problem(text: object, samples: int, size: int) -> str | None:
     if table is None:
         return problem
     blocks = size // BLOCK
-    previous = -1
-    for start in table:
-        if start <= previous or start >= blocks:
-            return f"strictly increasing block numbers below the shard's {blocks} blocks"
-        previous = start
+    # Strictly increasing (each entry below the next, compared in C), so the last is the largest.
+    if samples and (table[-1] >= blocks or any(map(operator.ge, table, islice(table, 1, None)))):
+        return f"strictly increasing block numbers below the shard's {blocks} blocks"
     return None
 
 
