@@ -20,7 +20,11 @@
   the protocol table, converter/format/protocols.py, and in at most one loader module besides; the rest
   reads the table.
 
-Run as a script, it prints loader/'s import cycles, each import with its line and kind::
+- converter/ by stage (issue 45): no chain of imports inside converter/ longer than 8 modules
+  (module-level and deferred imports; not those under ``if TYPE_CHECKING:``, which never run).
+
+Run as a script, it prints loader/'s import cycles, each import with its line and kind, and
+converter/'s longest import stack::
 
     python tests/test_layout.py
 """
@@ -768,6 +772,60 @@ def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
     ]
 
 
+# ---- converter/ by stage (issue 45): no import stack deeper than 8 modules ---------------------
+
+MAX_STACK = 8
+
+
+def _stacks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """For each module, the longest chain of imports it starts (itself first), one per module.
+
+    The graph must have no cycle (test_no_import_cycle_at_module_level checks it).
+    """
+    longest: dict[str, list[str]] = {}
+
+    def visit(node: str) -> list[str]:
+        if node not in longest:
+            longest[node] = max(([node, *visit(t)] for t in sorted(graph[node])), key=len, default=[node])
+        return longest[node]
+
+    for node in sorted(graph):
+        visit(node)
+    return longest
+
+
+def converter_stack() -> list[str]:
+    """The longest chain of imports inside converter/ that loading one of its modules runs.
+
+    Counted: module-level imports and deferred ones (in a function: they run when it is called;
+    converter/ has one, the engine's of Ray); a package's ``__init__`` is a module of the chain. Not
+    counted: those under ``if TYPE_CHECKING:``, which never run (annotations only).
+    """
+    imports = [
+        i
+        for i in _imports()
+        if i.kind != "TYPE_CHECKING" and i.source.startswith(CONVERTER) and i.target.startswith(CONVERTER)
+    ]
+    graph = {m: set() for m in _modules() if m.startswith(CONVERTER)}
+    for i in imports:
+        graph[i.source].add(i.target)
+    return max(_stacks(graph).values(), key=len)
+
+
+@pytest.mark.xfail(strict=True, reason="15 deep before converter/ is grouped by stage")
+def test_no_converter_import_stack_deeper_than_8():
+    # A module stacked 15 imports deep cannot be read without the 14 under it (issue 45): each stage
+    # of the pack (scan, plan, write, engines, remote, shards) is a short stack of its own.
+    stack = converter_stack()
+    shown = " -> ".join(m.removeprefix(f"{CONVERTER}.") for m in stack)
+    assert len(stack) <= MAX_STACK, f"an import stack {len(stack)} modules deep in converter/: {shown}"
+
+
+def test_the_stack_measure_counts_the_longest_chain():
+    assert _stacks({"a": {"b", "c"}, "b": {"c"}, "c": set()})["a"] == ["a", "b", "c"]
+    assert _stacks({"a": set()}) == {"a": ["a"]}
+
+
 # ---- one table of storage protocols (issue 39) ---------------------------------------------------
 
 
@@ -900,4 +958,6 @@ def test_each_storage_protocol_is_named_in_one_place():
 if __name__ == "__main__":
     found = loader_cycles()
     print("\n\n".join(found) if found else "no import cycle in loader/")
+    stack = converter_stack()
+    print(f"converter/'s longest import stack, {len(stack)} modules:", " -> ".join(stack))
     sys.exit(1 if found else 0)
