@@ -18,8 +18,8 @@ from pathlib import Path
 from PIL import Image
 
 from imgshards.converter import Check
-from imgshards.converter import check as check_module
-from imgshards.converter.check import inspect_image
+from imgshards.converter.scan import check as check_module
+from imgshards.converter.scan.check import inspect_image
 
 PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "photos"
 

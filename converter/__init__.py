@@ -13,7 +13,6 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .check import Check, Reason
     from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
     from .dryrun import DryRun, SplitPlan, dry_run
     from .format.errors import (
@@ -28,9 +27,10 @@ if TYPE_CHECKING:
     from .format.manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
     from .index import IndexConfig, IndexResult, index, read_classes
     from .pack import pack
-    from .readorder import ReadOrder
     from .remote import pack_to_url, verify_url
-    from .scan import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
+    from .scan.check import Check, Reason
+    from .scan.readorder import ReadOrder
+    from .scan.tree import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
     from .synthetic import make_synthetic_tree
     from .verify import ShardProblem, VerifyReport, verify
 
@@ -82,13 +82,13 @@ __all__ = [
 # (``imgshards.converter.format``) above all, runs none of the packer: the loader imports the format
 # without loading pack, scan, the engines or the upload (tests/test_layout.py checks this).
 _WHERE = {
-    "Check": "check",
+    "Check": "scan.check",
     "DEFAULT_SHARD_SIZE": "config",
     "DestinationError": "format.errors",
     "DryRun": "dryrun",
     "ENGINES": "config",
     "EngineError": "format.errors",
-    "IMG_EXTENSIONS": "scan",
+    "IMG_EXTENSIONS": "scan.tree",
     "INDEX_NAME": "format.manifest",
     "ImgshardsError": "format.errors",
     "IndexConfig": "index",
@@ -99,9 +99,9 @@ _WHERE = {
     "PackConfig": "config",
     "PackHooks": "config",
     "PackResult": "config",
-    "ReadOrder": "readorder",
-    "Reason": "check",
-    "ScanResult": "scan",
+    "ReadOrder": "scan.readorder",
+    "Reason": "scan.check",
+    "ScanResult": "scan.tree",
     "ShardInfo": "format.manifest",
     "ShardProblem": "verify",
     "SourceError": "format.errors",
@@ -117,9 +117,9 @@ _WHERE = {
     "read_classes": "index",
     "read_manifest": "format.manifest",
     "reader_warnings": "format.formats",
-    "scan_tree": "scan",
-    "split_tree_error": "scan",
-    "tree_warnings": "scan",
+    "scan_tree": "scan.tree",
+    "split_tree_error": "scan.tree",
+    "tree_warnings": "scan.tree",
     "verify": "verify",
     "verify_url": "remote",
 }

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .check import Check
 from .format.errors import shown
 from .format.manifest import Manifest, SplitInfo
 from .format.validate import split_name_error
-from .readorder import ReadOrder
 from .resizehint import ResizeHint
+from .scan.check import Check
+from .scan.readorder import ReadOrder
 from .write import ShardRecord
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks", "PackResult"]
@@ -42,7 +42,7 @@ class PackConfig:
             ``webdataset.ShardWriter(maxcount=)``); ``None``: the size alone decides.
         seed: Seed of the global shuffle that mixes classes across shards, in 0..``MAX_SEED``.
         check: ``"header"`` (cheap, catches non-images, empty and truncated files), ``"full"``
-            (decodes every image) or ``"none"``. See :mod:`imgshards.converter.check`.
+            (decodes every image) or ``"none"``. See :mod:`imgshards.converter.scan.check`.
         max_pixels: Reject an image whose header declares more pixels (``width * height``) than
             this, before decoding it: a decompression bomb. ``None``: Pillow's
             ``Image.MAX_IMAGE_PIXELS``. Not applied with ``check="none"``.

@@ -22,7 +22,7 @@ from .format.errors import DestinationError, ManifestError
 from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from .plan import Plan
 from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
-from .scan import ScanResult
+from .scan.tree import ScanResult
 from .splits import SPLIT_CHARS
 from .write import ShardRecord
 

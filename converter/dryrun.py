@@ -22,7 +22,7 @@ from .config import PackConfig
 from .format.tarwriter import BLOCK, RECORD
 from .pack import check_source
 from .plan import estimated_sample_bytes
-from .scan import scan_tree
+from .scan.tree import scan_tree
 from .splits import read_split_file
 from .tasks import plan_part, split_parts
 

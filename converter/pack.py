@@ -53,11 +53,11 @@ from .format.tables import TABLES
 from .format.validate import check_index
 from .plan import Plan, estimated_sample_bytes
 from .pool import Progress
-from .readorder import ReadOrder, choose_read_order
 from .resizehint import ResizeHint, resize_hint
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
-from .scan import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
+from .scan.readorder import ReadOrder, choose_read_order
+from .scan.tree import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
 from .splits import Part, read_split_file
 from .tasks import plan_part, shard_task, split_names, split_parts
 from .verify import hash_file

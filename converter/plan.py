@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .format.tarwriter import BLOCK
-from .scan import ScanResult
+from .scan.tree import ScanResult
 
 __all__ = ["Plan", "make_plan"]
 

@@ -53,7 +53,7 @@ from .format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from .format.tables import TABLES
 from .pack import pack
 from .safefs import make_dirs, remove, write_atomic
-from .scan import split_tree_error, tree_warnings
+from .scan.tree import split_tree_error, tree_warnings
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from .write import ShardRecord
 

@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 
 from .plan import Plan
-from .scan import PathTable, ScanResult
-from .sourcefiles import read_file
+from .scan.sourcefiles import read_file
+from .scan.tree import PathTable, ScanResult
 
 __all__ = [
     "ContentTask",

@@ -11,12 +11,12 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
-from .check import Check
 from .config import PackConfig
 from .destination import shard_name
 from .format.errors import SourceError, SplitFileError
 from .plan import Plan, make_plan
-from .scan import ScanResult
+from .scan.check import Check
+from .scan.tree import ScanResult
 from .splits import Part, split_by_file, split_stratified, whole
 from .write import ShardTask
 

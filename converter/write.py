@@ -40,7 +40,6 @@ import numpy as np
 from PIL import Image
 
 from .attempts import attempt_path
-from .check import Check, Inspection, Reason, inspect_image
 from .format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
 from .format.imageformats import JPEG
 from .format.imagesizes import size_key
@@ -49,8 +48,9 @@ from .format.tarwriter import TarWriter
 from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
-from .scan import PathTable, Reject
-from .sourcefiles import read_ahead, read_file, reason_of
+from .scan.check import Check, Inspection, Reason, inspect_image
+from .scan.sourcefiles import read_ahead, read_file, reason_of
+from .scan.tree import PathTable, Reject
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
 

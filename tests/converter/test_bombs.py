@@ -22,7 +22,6 @@ from PIL import Image
 
 from imgshards.cli.main import cli
 from imgshards.converter import PackConfig, Reason, pack
-from imgshards.converter.check import Check, inspect_image
 from imgshards.converter.format.headers import (
     MAX_SCANS,
     image_size,
@@ -32,6 +31,7 @@ from imgshards.converter.format.headers import (
     pixel_limit,
     too_many_scans,
 )
+from imgshards.converter.scan.check import Check, inspect_image
 
 
 def small(fmt: str, size: tuple[int, int] = (8, 8), **params: object) -> bytes:

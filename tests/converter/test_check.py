@@ -4,7 +4,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from imgshards.converter.check import Check, Reason, inspect_image
+from imgshards.converter.scan.check import Check, Reason, inspect_image
 
 
 def _encode(fmt: str, mode: str = "RGB", size=(40, 30)) -> bytes:

@@ -6,7 +6,6 @@ import pytest
 from PIL import Image, features
 
 from imgshards.converter import IMG_EXTENSIONS as PUBLIC_IMG_EXTENSIONS
-from imgshards.converter.check import Check, inspect_image
 from imgshards.converter.format.formats import main_format, reader_warnings
 from imgshards.converter.format.imageformats import (
     ALWAYS_CONVERTED,
@@ -24,6 +23,7 @@ from imgshards.converter.format.imageformats import (
     sniff,
     unsupported_format,
 )
+from imgshards.converter.scan.check import Check, inspect_image
 
 
 def test_each_name_and_suffix_means_one_format():

@@ -13,8 +13,8 @@ import webdataset as wds
 from PIL import Image
 
 from imgshards.converter import PackConfig, pack, read_manifest
-from imgshards.converter.check import Check, inspect_image
 from imgshards.converter.format.formats import heif_opener
+from imgshards.converter.scan.check import Check, inspect_image
 from imgshards.loader import ShardDataset
 
 pytestmark = pytest.mark.skipif(not heif_opener(), reason='needs pillow-heif: pip install -e ".[heic]"')

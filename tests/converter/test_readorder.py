@@ -4,7 +4,7 @@ import os
 import shutil
 
 from imgshards.converter import PackConfig, ReadOrder, pack, scan_tree
-from imgshards.converter.readorder import cached_share, choose_read_order
+from imgshards.converter.scan.readorder import cached_share, choose_read_order
 
 
 def _outputs(root):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torchvision.datasets import ImageFolder
 
 from imgshards.converter import PackConfig, SourceError, SplitFileError, pack, read_manifest
-from imgshards.converter.scan import PathTable, ScanResult
+from imgshards.converter.scan.tree import PathTable, ScanResult
 from imgshards.converter.splits import held_out_count, split_stratified
 
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from .format.formats import HEIF_EXTRA, heif_opener
-from .format.headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
-from .format.imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
+from ..format.formats import HEIF_EXTRA, heif_opener
+from ..format.headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
+from ..format.imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
 
 __all__ = ["Check", "Inspection", "Reason", "inspect_image"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .scan import ScanResult
+from .tree import ScanResult
 
 __all__ = ["ReadOrder", "cached_share", "choose_read_order"]
 

@@ -28,9 +28,9 @@ from typing import overload
 
 import numpy as np
 
+from ..format.errors import SourceError, shown
+from ..format.locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
 from .check import Reason
-from .format.errors import SourceError, shown
-from .format.locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
 
 __all__ = [
     "IMG_EXTENSIONS",
