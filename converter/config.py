@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engines.engine import ENGINES
 from .format.errors import shown
 from .format.manifest import Manifest, SplitInfo
 from .format.validate import split_name_error
@@ -25,7 +26,6 @@ __all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
 MAX_SEED = 2**63 - 1  # numpy's generators take any non-negative integer; an int64 fits every reader
-ENGINES = ("pool", "ray")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +60,8 @@ class PackConfig:
         read_order: ``"disk"`` (gather the tree in inode order first), ``"plan"`` (read each shard's
             files straight from the tree) or ``"auto"`` (``plan`` when the tree is in the page cache).
         engine: Where the shards are written: ``"pool"`` (worker processes on this machine) or
-            ``"ray"`` (Ray tasks across a cluster's machines; see :mod:`imgshards.converter.rayengine`).
+            ``"ray"`` (Ray tasks across a cluster's machines; see
+            :mod:`imgshards.converter.engines.rayengine`).
             The output is the same bytes either way, and a run of one can be resumed by the other.
         ray_address: The Ray cluster to join (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``);
             ``None`` joins the one this process is connected to, or starts a local one.

@@ -42,7 +42,8 @@ from .destination import (
     shard_name,
     write_index,
 )
-from .engine import Engine, make_engine
+from .engines.engine import Engine, make_engine
+from .engines.pool import Progress
 from .failures import explained
 from .format.errors import DestinationError, ManifestError, SourceError
 from .format.formats import main_format
@@ -52,7 +53,6 @@ from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_ma
 from .format.tables import TABLES
 from .format.validate import check_index
 from .plan import Plan, estimated_sample_bytes
-from .pool import Progress
 from .resizehint import ResizeHint, resize_hint
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 
+from .engines.pool import default_workers, start_pool
 from .format.errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
 from .format.locate import redact_url, shown_cause
 from .format.manifest import (
@@ -39,7 +40,6 @@ from .format.tables import BLOCK, encode_sources, encode_table, key_digest
 from .format.tarsamples import checked_samples, shown
 from .format.tarstream import TarStream, stream_end
 from .format.validate import check_name, open_regular
-from .pool import default_workers, start_pool
 from .remote import write_index_url
 from .safefs import write_atomic
 from .verify import HashingReader

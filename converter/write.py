@@ -40,12 +40,12 @@ import numpy as np
 from PIL import Image
 
 from .attempts import attempt_path
+from .engines.pool import add_progress
 from .format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
 from .format.imageformats import JPEG
 from .format.imagesizes import size_key
 from .format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
 from .format.tarwriter import TarWriter
-from .pool import add_progress
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
 from .scan.check import Check, Inspection, Reason, inspect_image

@@ -65,7 +65,7 @@ def test_top_level_names_are_not_importable_twice():
 def test_converter_needs_no_torch_ray_loader_or_click():
     code = (
         # The engine seam included: Ray is imported only when `--engine ray` starts it.
-        "import sys, imgshards.converter, imgshards.converter.engine\n"
+        "import sys, imgshards.converter, imgshards.converter.engines.engine\n"
         "imgshards.converter.PackConfig(engine='ray', ray_address='auto')\n"
         "bad = [m for m in ('torch', 'webdataset', 'click', 'ray', 'imgshards.loader', 'imgshards.cli')"
         " if m in sys.modules]\n"

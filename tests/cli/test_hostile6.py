@@ -157,7 +157,7 @@ def test_pack_with_100000_workers_forks_a_handful(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     cores = len(os.sched_getaffinity(0))
-    assert most <= 2 * cores + 2, most  # 2 a core (engine.PER_CORE), and multiprocessing's helpers
+    assert most <= 2 * cores + 2, most  # 2 a core (pool.PER_CORE), and multiprocessing's helpers
     assert proc.returncode == 0, err.decode()
     assert run("verify", tmp_path / "out", "-q").exit_code == 0
 

@@ -112,7 +112,7 @@ def test_a_killed_worker_is_one_line_and_a_rerun_resumes(tiny_tree, tmp_path):
 
 
 def test_a_worker_killed_holding_the_progress_lock_blocks_nobody():
-    from imgshards.converter.pool import add_progress, progress, shared_counter
+    from imgshards.converter.engines.pool import add_progress, progress, shared_counter
 
     counter = shared_counter()
     ctx = multiprocessing.get_context("fork")

@@ -39,7 +39,7 @@ psutil = pytest.importorskip("psutil")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-from imgshards.converter import rayengine  # noqa: E402
+from imgshards.converter.engines import rayengine  # noqa: E402
 
 IMGSHARDS = Path(sys.executable).with_name("imgshards")
 RESIZED = {"resize": 32, "shard_size": 12_000}  # re-encoded: bytes that depend on Pillow and libjpeg

@@ -30,7 +30,7 @@ import ray
 from PIL import features
 from tqdm.auto import tqdm
 
-from .format.errors import EngineError, ImgshardsError, PackError
+from ..format.errors import EngineError, ImgshardsError, PackError
 from .pool import Progress
 
 __all__ = ["RayEngine", "RayExecutor", "codecs", "node_name"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 from tqdm.auto import tqdm
 
 __all__ = [
+    "PER_CORE",
     "Progress",
     "add_progress",
     "default_workers",
@@ -22,6 +24,7 @@ __all__ = [
     "run_tasks",
     "shared_counter",
     "start_pool",
+    "worker_count",
     "worker_state",
 ]
 
@@ -36,6 +39,30 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+# Worker processes a core at most. Packing and verifying read and hash (the disk may stall a
+# worker), so a second worker a core can keep each busy; more only add processes, each a fork of
+# the parent. ``-j 100000`` once forked 100,000 of them for a tree of one shard.
+PER_CORE = 2
+
+
+def worker_count(asked: int | None, work: int | None = None) -> int:
+    """How many worker processes to start: the one cap on ``-j`` for ``pack`` and ``verify``.
+
+    ``asked`` (``None``: one per core, :func:`default_workers`), but at most ``work`` (the
+    tasks there are, when known: a worker with none is a fork for nothing), at most
+    :data:`PER_CORE` per core this process may run on, and at most half the processes the user may
+    still start (``RLIMIT_NPROC``), so a large ``-j`` never meets ``fork()`` failing mid-run.
+    """
+    cores = default_workers()
+    most = PER_CORE * cores
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        most = min(most, max(1, soft // 2))
+    if work is not None:
+        most = min(most, max(1, work))
+    return max(1, min(asked or cores, most))
 
 
 def worker_state() -> dict[str, Any]:

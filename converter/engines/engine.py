@@ -15,43 +15,21 @@ the disk-order gather). The Ray engine lives in :mod:`.rayengine`, imported only
 
 from __future__ import annotations
 
-import resource
 import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
-from .config import ENGINES
-from .format.errors import EngineError
-from .pool import Progress, default_workers, run_tasks, shared_counter, start_pool, worker_state
+from ..format.errors import EngineError
+from .pool import Progress, run_tasks, shared_counter, start_pool, worker_count, worker_state
 
-__all__ = ["ENGINES", "PER_CORE", "Engine", "PoolEngine", "make_engine", "worker_count"]
+__all__ = ["ENGINES", "Engine", "PoolEngine", "make_engine"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Worker processes a core at most. Packing and verifying read and hash (the disk may stall a
-# worker), so a second worker a core can keep each busy; more only add processes, each a fork of
-# the parent. ``-j 100000`` once forked 100,000 of them for a tree of one shard.
-PER_CORE = 2
-
-
-def worker_count(asked: int | None, work: int | None = None) -> int:
-    """How many worker processes to start: the one cap on ``-j`` for ``pack`` and ``verify``.
-
-    ``asked`` (``None``: one per core, :func:`~.pool.default_workers`), but at most ``work`` (the
-    tasks there are, when known: a worker with none is a fork for nothing), at most
-    :data:`PER_CORE` per core this process may run on, and at most half the processes the user may
-    still start (``RLIMIT_NPROC``), so a large ``-j`` never meets ``fork()`` failing mid-run.
-    """
-    cores = default_workers()
-    most = PER_CORE * cores
-    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    if soft != resource.RLIM_INFINITY:
-        most = min(most, max(1, soft // 2))
-    if work is not None:
-        most = min(most, max(1, work))
-    return max(1, min(asked or cores, most))
+# The engines ``pack`` runs on (PackConfig.engine, ``--engine``): make_engine makes each.
+ENGINES = ("pool", "ray")
 
 
 class Engine(Protocol):
