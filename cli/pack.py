@@ -29,8 +29,7 @@ from imgshards.converter.config import MAX_SEED
 from imgshards.converter.format.errors import shown
 from imgshards.converter.format.locate import redact_url
 from imgshards.converter.format.tarwriter import END_AT_MOST, RECORD
-from imgshards.converter.pack import check_source
-from imgshards.converter.scan.tree import split_named
+from imgshards.converter.scan.tree import check_source, split_named
 
 from .exits import BadData
 from .info import balance

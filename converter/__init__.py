@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
-    from .dryrun import DryRun, SplitPlan, dry_run
     from .format.errors import (
         DestinationError,
         EngineError,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from .format.manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
     from .index import IndexConfig, IndexResult, index, read_classes
     from .pack import pack
+    from .plan.dryrun import DryRun, SplitPlan, dry_run
     from .remote import pack_to_url, verify_url
     from .scan.check import Check, Reason
     from .scan.readorder import ReadOrder
@@ -85,7 +85,7 @@ _WHERE = {
     "Check": "scan.check",
     "DEFAULT_SHARD_SIZE": "config",
     "DestinationError": "format.errors",
-    "DryRun": "dryrun",
+    "DryRun": "plan.dryrun",
     "ENGINES": "config",
     "EngineError": "format.errors",
     "IMG_EXTENSIONS": "scan.tree",
@@ -107,9 +107,9 @@ _WHERE = {
     "SourceError": "format.errors",
     "SplitFileError": "format.errors",
     "SplitInfo": "format.manifest",
-    "SplitPlan": "dryrun",
+    "SplitPlan": "plan.dryrun",
     "VerifyReport": "verify",
-    "dry_run": "dryrun",
+    "dry_run": "plan.dryrun",
     "index": "index",
     "make_synthetic_tree": "synthetic",
     "pack": "pack",

@@ -11,16 +11,18 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engines.engine import ENGINES
 from .format.errors import shown
 from .format.manifest import Manifest, SplitInfo
 from .format.validate import split_name_error
-from .resizehint import ResizeHint
 from .scan.check import Check
 from .scan.readorder import ReadOrder
-from .write import ShardRecord
+
+if TYPE_CHECKING:  # annotations only: the config is read by every stage, and imports none of them
+    from .plan.resizehint import ResizeHint
+    from .write import ShardRecord
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks", "PackResult"]
 
@@ -52,7 +54,7 @@ class PackConfig:
         keep_formats: Store every image's own bytes under the extension of its format, instead of
             one format per split (see :mod:`imgshards.converter.format.formats`).
         val_fraction: Also write a held-out split ``val_split`` of about this share of each class
-            (stratified, seeded by ``seed``; see :mod:`imgshards.converter.splits`).
+            (stratified, seeded by ``seed``; see :mod:`imgshards.converter.plan.splits`).
         val_split: Name of the held-out split.
         split_file: A JSON file mapping split names to the tree's paths in them; the splits packed
             are its keys (``split`` is then unused).

@@ -20,10 +20,10 @@ from typing import Any
 
 from .format.errors import DestinationError, ManifestError
 from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
-from .plan import Plan
+from .plan.shards import Plan
+from .plan.splits import SPLIT_CHARS
 from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
 from .scan.tree import ScanResult
-from .splits import SPLIT_CHARS
 from .write import ShardRecord
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "prepare",
     "recorded",
     "rejects_name",
-    "shard_name",
     "write_index",
 ]
 
@@ -193,11 +192,6 @@ def clear_split(dst: Path, state: Path, split: str) -> None:
             manifest = read_manifest(dst)
             splits = {k: v for k, v in manifest.splits.items() if k != split}
             write_index(dst, Manifest(manifest.classes, splits))
-
-
-def shard_name(split: str, i: int) -> str:
-    """The file name of shard ``i`` of ``split``."""
-    return f"{split}-{i:06d}.tar"
 
 
 def rejects_name(split: str) -> str:

@@ -39,27 +39,25 @@ from .destination import (
     prepare,
     recorded,
     rejects_name,
-    shard_name,
     write_index,
 )
 from .engines.engine import Engine, make_engine
 from .engines.pool import Progress
 from .failures import explained
-from .format.errors import DestinationError, ManifestError, SourceError
+from .format.errors import ManifestError, SourceError
 from .format.formats import main_format
 from .format.imagesizes import SizeStats, size_stats
-from .format.locate import is_url, missing_path, url_typo
 from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .format.tables import TABLES
 from .format.validate import check_index
-from .plan import Plan, estimated_sample_bytes
-from .resizehint import ResizeHint, resize_hint
+from .plan.resizehint import ResizeHint, resize_hint
+from .plan.shards import Plan, estimated_sample_bytes, shard_name
+from .plan.splits import Part, read_split_file
+from .plan.tasks import plan_part, shard_task, split_names, split_parts
 from .resume import changed_shards
 from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan.readorder import ReadOrder, choose_read_order
-from .scan.tree import Reject, ScanResult, scan_tree, split_tree_error, tree_warnings
-from .splits import Part, read_split_file
-from .tasks import plan_part, shard_task, split_names, split_parts
+from .scan.tree import Reject, ScanResult, check_source, scan_tree
 from .verify import hash_file
 from .write import GatherTask, ShardRecord, gather, write_shard
 
@@ -150,38 +148,6 @@ def pack(
         retried=tuple(retried),
         hints=hints,
     )
-
-
-def check_source(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig
-) -> tuple[str, ...]:
-    """Refuse a source or destination (directory or URL) that cannot be packed; return the warnings.
-
-    Reads the names at the top of ``src`` only (see :func:`~.scan.tree_warnings`), nothing of
-    ``dst``: a dry run (:mod:`.dryrun`) asks it too, and writes nothing.
-
-    Raises:
-        SourceError: ``src`` is missing or not a directory, its class folders are all split names
-            (unless ``config.allow_split_names``), or (``config.strict``) it looks like the wrong folder.
-        DestinationError: ``dst`` is a URL with a slash missing, or inside ``src``.
-
-    """
-    if (meant := url_typo(dst)) is not None:  # else a local folder named "s3:" would be made
-        raise DestinationError(f"{os.fspath(dst)} is a URL with a slash missing; write {meant}")
-    src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
-    if not is_url(dst) and (dst_path == src_path or src_path in dst_path.parents):
-        raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
-    if not src_path.exists():
-        raise SourceError(f"source directory {os.fspath(src)} does not exist: {missing_path(Path(src))}")
-    if not src_path.is_dir():
-        raise SourceError(f"source {os.fspath(src)} is not a directory; give the root of an ImageFolder tree")
-    # The paths as the caller wrote them, in the commands the messages name.
-    if not config.allow_split_names and (refusal := split_tree_error(src, dst=os.fspath(dst))):
-        raise SourceError(f"refused: {refusal}")
-    suspicious = tree_warnings(src, dst=os.fspath(dst))
-    if config.strict and suspicious:
-        raise SourceError(f"refused (strict): {suspicious[0]}")
-    return suspicious
 
 
 def _scan(src: Path, pool: Executor, progress: bool) -> ScanResult:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .plan import Plan
+from .plan.shards import Plan
 from .scan.sourcefiles import read_file
 from .scan.tree import PathTable, ScanResult
 

@@ -24,13 +24,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
-from ..format.errors import SourceError, shown
-from ..format.locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, missing_path
+from ..format.errors import DestinationError, SourceError, shown
+from ..format.locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, is_url, missing_path, url_typo
 from .check import Reason
+
+if TYPE_CHECKING:
+    from ..config import PackConfig
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -38,6 +41,7 @@ __all__ = [
     "PathTable",
     "Reject",
     "ScanResult",
+    "check_source",
     "scan_tree",
     "split_named",
     "split_tree_error",
@@ -433,3 +437,35 @@ def _flag(name: str) -> str:
     """A split name ``--split`` accepts for a folder named ``name`` (``Validation`` -> ``validation``)."""
     flag = name.lower()
     return flag if flag and all(c.isalnum() or c == "_" for c in flag) and flag.isascii() else "NAME"
+
+
+def check_source(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], config: PackConfig
+) -> tuple[str, ...]:
+    """Refuse a source or destination (directory or URL) that cannot be packed; return the warnings.
+
+    Reads the names at the top of ``src`` only (see :func:`tree_warnings`), nothing of
+    ``dst``: a dry run (:mod:`.plan.dryrun`) asks it too, and writes nothing.
+
+    Raises:
+        SourceError: ``src`` is missing or not a directory, its class folders are all split names
+            (unless ``config.allow_split_names``), or (``config.strict``) it looks like the wrong folder.
+        DestinationError: ``dst`` is a URL with a slash missing, or inside ``src``.
+
+    """
+    if (meant := url_typo(dst)) is not None:  # else a local folder named "s3:" would be made
+        raise DestinationError(f"{os.fspath(dst)} is a URL with a slash missing; write {meant}")
+    src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
+    if not is_url(dst) and (dst_path == src_path or src_path in dst_path.parents):
+        raise DestinationError(f"destination {dst_path} is inside the source tree {src_path}; choose another")
+    if not src_path.exists():
+        raise SourceError(f"source directory {os.fspath(src)} does not exist: {missing_path(Path(src))}")
+    if not src_path.is_dir():
+        raise SourceError(f"source {os.fspath(src)} is not a directory; give the root of an ImageFolder tree")
+    # The paths as the caller wrote them, in the commands the messages name.
+    if not config.allow_split_names and (refusal := split_tree_error(src, dst=os.fspath(dst))):
+        raise SourceError(f"refused: {refusal}")
+    suspicious = tree_warnings(src, dst=os.fspath(dst))
+    if config.strict and suspicious:
+        raise SourceError(f"refused (strict): {suspicious[0]}")
+    return suspicious

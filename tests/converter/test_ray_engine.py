@@ -31,7 +31,7 @@ from imgshards.converter import (
     scan_tree,
     verify,
 )
-from imgshards.converter.tasks import plan_part, shard_task, split_parts
+from imgshards.converter.plan.tasks import plan_part, shard_task, split_parts
 from imgshards.converter.write import write_shard
 
 ray = pytest.importorskip("ray")

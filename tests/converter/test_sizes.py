@@ -25,7 +25,7 @@ from PIL import Image
 from imgshards.cli.main import cli
 from imgshards.converter import ManifestError, PackConfig, pack, read_manifest
 from imgshards.converter.format.imagesizes import SizeStats, size_stats
-from imgshards.converter.resizehint import HALF_FROM_PIXELS, SAMPLED
+from imgshards.converter.plan.resizehint import HALF_FROM_PIXELS, SAMPLED
 
 LANDSCAPE, PORTRAIT = 14, 6
 

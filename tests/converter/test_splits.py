@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torchvision.datasets import ImageFolder
 
 from imgshards.converter import PackConfig, SourceError, SplitFileError, pack, read_manifest
+from imgshards.converter.plan.splits import held_out_count, split_stratified
 from imgshards.converter.scan.tree import PathTable, ScanResult
-from imgshards.converter.splits import held_out_count, split_stratified
 
 
 def _fake_scan(sizes: list[int]) -> ScanResult:

@@ -1,6 +1,6 @@
 """What ``pack`` would write, without writing anything: each split's samples, shards and size.
 
-``imgshards pack --dry-run`` asks it. It runs the checks of the source (:func:`~.pack.check_source`),
+``imgshards pack --dry-run`` asks it. It runs the checks of the source (:func:`~.scan.tree.check_source`),
 the scan, the splits and the plans that :func:`~.pack.pack` runs (the same functions, :mod:`.tasks`),
 and stops before the destination is touched: nothing is created there, not even the directory. The
 images are not opened, so its rejects are those the scan finds (wrong extensions, files outside a
@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PackConfig
-from .format.tarwriter import BLOCK, RECORD
-from .pack import check_source
-from .plan import estimated_sample_bytes
-from .scan.tree import scan_tree
+from ..config import PackConfig
+from ..format.tarwriter import BLOCK, RECORD
+from ..scan.tree import check_source, scan_tree
+from .shards import estimated_sample_bytes
 from .splits import read_split_file
 from .tasks import plan_part, split_parts
 

@@ -11,14 +11,13 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
-from .config import PackConfig
-from .destination import shard_name
-from .format.errors import SourceError, SplitFileError
-from .plan import Plan, make_plan
-from .scan.check import Check
-from .scan.tree import ScanResult
+from ..config import PackConfig
+from ..format.errors import SourceError, SplitFileError
+from ..scan.check import Check
+from ..scan.tree import ScanResult
+from ..write import ShardTask
+from .shards import Plan, make_plan, shard_name
 from .splits import Part, split_by_file, split_stratified, whole
-from .write import ShardTask
 
 __all__ = ["plan_part", "shard_task", "split_names", "split_parts"]
 

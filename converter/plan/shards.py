@@ -7,13 +7,16 @@ shard size and sample cap, so the same inputs give the same shards on any machin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .format.tarwriter import BLOCK
-from .scan.tree import ScanResult
+from ..format.tarwriter import BLOCK
 
-__all__ = ["Plan", "make_plan"]
+if TYPE_CHECKING:
+    from ..scan.tree import ScanResult
+
+__all__ = ["Plan", "make_plan", "shard_name"]
 
 # The .cls and .json members of a sample: a header and one data block each (the JSON is far
 # shorter than 512 bytes for any sane path).
@@ -72,3 +75,8 @@ def make_plan(scan: ScanResult, *, seed: int, shard_size: int, max_samples: int 
         key_width=max(6, len(str(max(n - 1, 0)))),
         fingerprint=scan.fingerprint(),
     )
+
+
+def shard_name(split: str, i: int) -> str:
+    """The file name of shard ``i`` of ``split``."""
+    return f"{split}-{i:06d}.tar"
