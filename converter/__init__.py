@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from .pack import pack
     from .plan.dryrun import DryRun, SplitPlan, dry_run
     from .remote import pack_to_url, verify_url
-    from .scan.check import Check, Reason
+    from .scan.check import Check
     from .scan.readorder import ReadOrder
+    from .scan.reasons import Reason
     from .scan.tree import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
     from .synthetic import make_synthetic_tree
     from .verify import ShardProblem, VerifyReport, verify
@@ -100,7 +101,7 @@ _WHERE = {
     "PackHooks": "config",
     "PackResult": "config",
     "ReadOrder": "scan.readorder",
-    "Reason": "scan.check",
+    "Reason": "scan.reasons",
     "ScanResult": "scan.tree",
     "ShardInfo": "format.manifest",
     "ShardProblem": "verify",

@@ -22,7 +22,7 @@ from .scan.readorder import ReadOrder
 
 if TYPE_CHECKING:  # annotations only: the config is read by every stage, and imports none of them
     from .plan.resizehint import ResizeHint
-    from .write import ShardRecord
+    from .write.shard import ShardRecord
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks", "PackResult"]
 

@@ -28,22 +28,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .attempts import cut_off
 from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
-from .destination import (
-    REJECTS_DIR,
-    STATE_DIR,
-    check_classes,
-    claim,
-    locked,
-    prepare,
-    recorded,
-    rejects_name,
-    write_index,
-)
 from .engines.engine import Engine, make_engine
 from .engines.pool import Progress
-from .failures import explained
 from .format.errors import ManifestError, SourceError
 from .format.formats import main_format
 from .format.imagesizes import SizeStats, size_stats
@@ -54,12 +41,25 @@ from .plan.resizehint import ResizeHint, resize_hint
 from .plan.shards import Plan, estimated_sample_bytes, shard_name
 from .plan.splits import Part, read_split_file
 from .plan.tasks import plan_part, shard_task, split_names, split_parts
-from .resume import changed_shards
-from .safefs import is_regular, make_dirs, remove, write_atomic
 from .scan.readorder import ReadOrder, choose_read_order
 from .scan.tree import Reject, ScanResult, check_source, scan_tree
 from .verify import hash_file
-from .write import GatherTask, ShardRecord, gather, write_shard
+from .write.attempts import cut_off
+from .write.destination import (
+    REJECTS_DIR,
+    STATE_DIR,
+    check_classes,
+    claim,
+    locked,
+    prepare,
+    recorded,
+    rejects_name,
+    write_index,
+)
+from .write.failures import explained
+from .write.resume import changed_shards
+from .write.safefs import is_regular, make_dirs, remove, write_atomic
+from .write.shard import GatherTask, ShardRecord, gather, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "check_source", "pack"]
 

@@ -45,17 +45,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .config import PackConfig, PackHooks, PackResult
-from .destination import STATE_DIR
 from .format.errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from .format.locate import redact_url, shown_cause
 from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
 from .format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from .format.tables import TABLES
 from .pack import pack
-from .safefs import make_dirs, remove, write_atomic
 from .scan.tree import split_tree_error, tree_warnings
 from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
-from .write import ShardRecord
+from .write.destination import STATE_DIR
+from .write.safefs import make_dirs, remove, write_atomic
+from .write.shard import ShardRecord
 
 __all__ = ["pack_to_url", "verify_url", "write_index_url"]
 

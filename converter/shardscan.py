@@ -41,8 +41,8 @@ from .format.tarsamples import checked_samples, shown
 from .format.tarstream import TarStream, stream_end
 from .format.validate import check_name, open_regular
 from .remote import write_index_url
-from .safefs import write_atomic
 from .verify import HashingReader
+from .write.safefs import write_atomic
 
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]
 

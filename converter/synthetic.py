@@ -18,7 +18,7 @@ __all__ = ["BAD_FILES", "make_synthetic_tree"]
 
 _SHAPES = ("circle", "square", "triangle", "cross", "ring", "stripes", "diamond", "dots")
 
-# What `bad=True` adds, and the reason `pack` gives for each (see converter.check.Reason).
+# What `bad=True` adds, and the reason `pack` gives for each (see converter.scan.reasons.Reason).
 BAD_FILES = {
     "circle/notes.txt": "unsupported_extension",
     "square/empty.jpg": "empty",

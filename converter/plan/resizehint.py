@@ -41,7 +41,7 @@ from ..format.imagesizes import SizeStats, size_key
 from ..scan.check import Check
 from ..scan.sourcefiles import read_file
 from ..scan.tree import ScanResult
-from ..write import stored_image
+from ..write.shard import stored_image
 
 # The loader decodes at 1/2 only images of this many pixels or more (loader/image/scaled.py, where
 # it is measured); the converter does not import the loader, so the figure is repeated here and

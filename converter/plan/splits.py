@@ -28,7 +28,7 @@ import numpy as np
 
 from ..format.errors import SplitFileError, shown
 from ..format.validate import SPLIT_CHARS, split_name_error
-from ..scan.check import Reason
+from ..scan.reasons import Reason
 from ..scan.tree import Reject, ScanResult
 
 __all__ = ["SPLIT_CHARS", "Part", "read_split_file", "split_by_file", "split_stratified", "whole"]

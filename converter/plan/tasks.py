@@ -15,7 +15,7 @@ from ..config import PackConfig
 from ..format.errors import SourceError, SplitFileError
 from ..scan.check import Check
 from ..scan.tree import ScanResult
-from ..write import ShardTask
+from ..write.shard import ShardTask
 from .shards import Plan, make_plan, shard_name
 from .splits import Part, split_by_file, split_stratified, whole
 

@@ -31,8 +31,9 @@ from PIL import Image
 from ..format.formats import HEIF_EXTRA, heif_opener
 from ..format.headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
 from ..format.imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
+from .reasons import Reason
 
-__all__ = ["Check", "Inspection", "Reason", "inspect_image"]
+__all__ = ["Check", "Inspection", "inspect_image"]
 
 
 class Check(str, enum.Enum):
@@ -41,27 +42,6 @@ class Check(str, enum.Enum):
     NONE = "none"
     HEADER = "header"
     FULL = "full"
-
-
-class Reason(str, enum.Enum):
-    """Why an input file was not packed; the values appear in the rejects file and the summary."""
-
-    UNSUPPORTED_EXTENSION = "unsupported_extension"
-    OUTSIDE_CLASS_DIR = "outside_class_dir"
-    SYMLINK_LOOP = "symlink_loop"
-    BROKEN_SYMLINK = "broken_symlink"
-    SPECIAL_FILE = "special_file"
-    UNREADABLE = "unreadable"
-    EMPTY = "empty"
-    NOT_IMAGE = "not_image"
-    UNSUPPORTED_FORMAT = "unsupported_format"
-    TRUNCATED = "truncated"
-    TOO_MANY_PIXELS = "too_many_pixels"
-    TOO_MANY_SCANS = "too_many_scans"
-    TOO_LARGE = "too_large"
-    GREW = "grew_while_packed"
-    UNDECODABLE = "undecodable"
-    NOT_IN_SPLIT_FILE = "not_in_split_file"
 
 
 @dataclass(frozen=True)

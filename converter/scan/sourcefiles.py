@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 
-from .check import Reason
+from .reasons import Reason
 
 __all__ = ["read_ahead", "read_bound", "read_file", "reason_of"]
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..format.errors import DestinationError, SourceError, shown
 from ..format.locate import IMG_EXTENSIONS, PHOTO_EXTENSIONS, is_url, missing_path, url_typo
-from .check import Reason
+from .reasons import Reason
 
 if TYPE_CHECKING:
     from ..config import PackConfig

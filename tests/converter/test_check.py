@@ -4,7 +4,8 @@ import zlib
 import pytest
 from PIL import Image
 
-from imgshards.converter.scan.check import Check, Reason, inspect_image
+from imgshards.converter.scan.check import Check, inspect_image
+from imgshards.converter.scan.reasons import Reason
 
 
 def _encode(fmt: str, mode: str = "RGB", size=(40, 30)) -> bytes:

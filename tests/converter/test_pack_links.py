@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from imgshards.converter import DestinationError, ImgshardsError, PackConfig, pack
-from imgshards.converter.safefs import create, open_dir, write_atomic
 from imgshards.converter.scan.tree import PathTable
-from imgshards.converter.write import GatherTask, gather
+from imgshards.converter.write.safefs import create, open_dir, write_atomic
+from imgshards.converter.write.shard import GatherTask, gather
 
 CONFIG = PackConfig(shard_size=8_000, workers=2, read_order="disk")  # a dozen shards, gathered first
 AGAIN = PackConfig(shard_size=8_000, workers=2, read_order="disk", seed=1, overwrite=True)  # replaces it

@@ -32,7 +32,7 @@ from imgshards.converter import (
     verify,
 )
 from imgshards.converter.plan.tasks import plan_part, shard_task, split_parts
-from imgshards.converter.write import write_shard
+from imgshards.converter.write.shard import write_shard
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")

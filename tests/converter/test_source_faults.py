@@ -29,7 +29,7 @@ from imgshards.converter import Check, PackConfig, Reason, SourceError, pack, sc
 from imgshards.converter.format.errors import PackError, shown
 from imgshards.converter.scan.sourcefiles import read_bound, read_file
 from imgshards.converter.scan.tree import PathTable
-from imgshards.converter.write import GatherTask, ShardTask, gather, write_shard
+from imgshards.converter.write.shard import GatherTask, ShardTask, gather, write_shard
 
 ESC = "\x1b[31mred\x1b[0m"
 
@@ -128,7 +128,7 @@ def test_a_6gb_sparse_file_under_a_memory_limit_is_a_reject_not_a_memory_error(t
 
 
 def test_memory_running_out_elsewhere_is_one_line():
-    from imgshards.converter.failures import explained
+    from imgshards.converter.write.failures import explained
 
     with (
         pytest.raises(

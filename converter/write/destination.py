@@ -18,13 +18,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .format.errors import DestinationError, ManifestError
-from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
-from .plan.shards import Plan
-from .plan.splits import SPLIT_CHARS
+from ..format.errors import DestinationError, ManifestError
+from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
+from ..plan.shards import Plan
+from ..plan.splits import SPLIT_CHARS
+from ..scan.tree import ScanResult
 from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
-from .scan.tree import ScanResult
-from .write import ShardRecord
+from .shard import ShardRecord
 
 __all__ = [
     "REJECTS_DIR",

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .format.errors import DestinationError, UnsafeFileError
+from ..format.errors import DestinationError, UnsafeFileError
 
 __all__ = [
     "clear_dir",

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from .format.errors import PackError
+from ..format.errors import PackError
 
 __all__ = ["explained"]
 

@@ -39,18 +39,19 @@ from typing import Any, cast
 import numpy as np
 from PIL import Image
 
+from ..engines.pool import add_progress
+from ..format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
+from ..format.imageformats import JPEG
+from ..format.imagesizes import size_key
+from ..format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
+from ..format.tarwriter import TarWriter
+from ..scan.check import Check, Inspection, inspect_image
+from ..scan.reasons import Reason
+from ..scan.sourcefiles import read_ahead, read_file, reason_of
+from ..scan.tree import PathTable, Reject
 from .attempts import attempt_path
-from .engines.pool import add_progress
-from .format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
-from .format.imageformats import JPEG
-from .format.imagesizes import size_key
-from .format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
-from .format.tarwriter import TarWriter
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
-from .scan.check import Check, Inspection, Reason, inspect_image
-from .scan.sourcefiles import read_ahead, read_file, reason_of
-from .scan.tree import PathTable, Reject
 
 __all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
 

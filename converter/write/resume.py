@@ -1,6 +1,6 @@
 """Resume checks content: a file already packed whose bytes changed since is found, and its shard redone.
 
-The tree's fingerprint (:meth:`~.scan.ScanResult.fingerprint`) covers paths, labels and sizes; a file
+The tree's fingerprint (:meth:`~.scan.tree.ScanResult.fingerprint`) covers paths, labels and sizes; a file
 rewritten in place at the same size passes it. So each shard's record also keeps a digest of the
 bytes of its files as they were gathered (:func:`content_digest`, BLAKE2b of each file in plan
 order), and a resumed run reads the files of every finished shard again (:func:`changed_shards`, in
@@ -15,13 +15,15 @@ import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .plan.shards import Plan
-from .scan.sourcefiles import read_file
-from .scan.tree import PathTable, ScanResult
+from ..scan.sourcefiles import read_file
+
+if TYPE_CHECKING:
+    from ..plan.shards import Plan
+    from ..scan.tree import PathTable, ScanResult
 
 __all__ = [
     "ContentTask",
