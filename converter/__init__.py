@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .index import IndexConfig, IndexResult, index, read_classes
     from .pack import pack
     from .plan.dryrun import DryRun, SplitPlan, dry_run
-    from .remote import pack_to_url, verify_url
+    from .remote.upload import pack_to_url, verify_url
     from .scan.check import Check
     from .scan.readorder import ReadOrder
     from .scan.reasons import Reason
@@ -114,7 +114,7 @@ _WHERE = {
     "index": "index",
     "make_synthetic_tree": "synthetic",
     "pack": "pack",
-    "pack_to_url": "remote",
+    "pack_to_url": "remote.upload",
     "read_classes": "index",
     "read_manifest": "format.manifest",
     "reader_warnings": "format.formats",
@@ -122,7 +122,7 @@ _WHERE = {
     "split_tree_error": "scan.tree",
     "tree_warnings": "scan.tree",
     "verify": "verify",
-    "verify_url": "remote",
+    "verify_url": "remote.upload",
 }
 
 

@@ -40,7 +40,7 @@ from .format.tables import BLOCK, encode_sources, encode_table, key_digest
 from .format.tarsamples import checked_samples, shown
 from .format.tarstream import TarStream, stream_end
 from .format.validate import check_name, open_regular
-from .remote import write_index_url
+from .remote.indexurl import write_index_url
 from .verify import HashingReader
 from .write.safefs import write_atomic
 

@@ -44,20 +44,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .config import PackConfig, PackHooks, PackResult
-from .format.errors import DestinationError, ImgshardsError, ManifestError, SourceError
-from .format.locate import redact_url, shown_cause
-from .format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
-from .format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
-from .format.tables import TABLES
-from .pack import pack
-from .scan.tree import split_tree_error, tree_warnings
-from .verify import VerifyReport, build_report, check_shard_stream, shard_jobs
-from .write.destination import STATE_DIR
-from .write.safefs import make_dirs, remove, write_atomic
-from .write.shard import ShardRecord
+from ..config import PackConfig, PackHooks, PackResult
+from ..format.errors import DestinationError, ImgshardsError, ManifestError, SourceError
+from ..format.locate import redact_url, shown_cause
+from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
+from ..format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
+from ..format.tables import TABLES
+from ..pack import pack
+from ..scan.tree import split_tree_error, tree_warnings
+from ..verify import VerifyReport, build_report, check_shard_stream, shard_jobs
+from ..write.destination import STATE_DIR
+from ..write.safefs import make_dirs, remove, write_atomic
+from ..write.shard import ShardRecord
 
-__all__ = ["pack_to_url", "verify_url", "write_index_url"]
+__all__ = ["pack_to_url", "verify_url"]
 
 _UPLOAD_THREADS = 4
 _READ_BLOCK = 8 << 20
@@ -186,20 +186,6 @@ def _read_shard(remote: Remote, name: str, timeout: float) -> Iterator[BinaryIO]
             f"(a request waits {timeout:g} s for the server: --timeout); check the network and the "
             "server, then run it again"
         ) from shown_cause(e)
-
-
-def write_index_url(
-    url: str, manifest: Manifest, *, storage_options: Mapping[str, Any] | None = None
-) -> None:
-    """Write ``_info.json``, then ``index.json`` at ``url``, each whole or not at all (as a pack ends).
-
-    Raises:
-        DestinationError: a write kept failing.
-
-    """
-    remote = Remote(url, with_timeouts(url, storage_options, DEFAULT_TIMEOUT))
-    remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
-    remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
 
 
 def _start_upload(remote: Remote, stage: Path, config: PackConfig) -> _Uploader:
