@@ -31,7 +31,7 @@ from PIL import Image
 
 from imgshards.converter import read_manifest
 from imgshards.converter.format.tables import encode_table
-from imgshards.converter.index import IndexConfig, index
+from imgshards.converter.shards.index import IndexConfig, index
 
 
 def tiny_jpegs(n: int, size: int) -> list[bytes]:

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     )
     from .format.formats import reader_warnings
     from .format.manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
-    from .index import IndexConfig, IndexResult, index, read_classes
     from .pack import pack
     from .plan.dryrun import DryRun, SplitPlan, dry_run
     from .remote.upload import pack_to_url, verify_url
@@ -32,8 +31,9 @@ if TYPE_CHECKING:
     from .scan.readorder import ReadOrder
     from .scan.reasons import Reason
     from .scan.tree import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
+    from .shards.index import IndexConfig, IndexResult, index, read_classes
+    from .shards.verify import ShardProblem, VerifyReport, verify
     from .synthetic import make_synthetic_tree
-    from .verify import ShardProblem, VerifyReport, verify
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
@@ -92,8 +92,8 @@ _WHERE = {
     "IMG_EXTENSIONS": "scan.tree",
     "INDEX_NAME": "format.manifest",
     "ImgshardsError": "format.errors",
-    "IndexConfig": "index",
-    "IndexResult": "index",
+    "IndexConfig": "shards.index",
+    "IndexResult": "shards.index",
     "LabelSource": "format.manifest",
     "Manifest": "format.manifest",
     "ManifestError": "format.errors",
@@ -104,31 +104,31 @@ _WHERE = {
     "Reason": "scan.reasons",
     "ScanResult": "scan.tree",
     "ShardInfo": "format.manifest",
-    "ShardProblem": "verify",
+    "ShardProblem": "shards.verify",
     "SourceError": "format.errors",
     "SplitFileError": "format.errors",
     "SplitInfo": "format.manifest",
     "SplitPlan": "plan.dryrun",
-    "VerifyReport": "verify",
+    "VerifyReport": "shards.verify",
     "dry_run": "plan.dryrun",
-    "index": "index",
+    "index": "shards.index",
     "make_synthetic_tree": "synthetic",
     "pack": "pack",
     "pack_to_url": "remote.upload",
-    "read_classes": "index",
+    "read_classes": "shards.index",
     "read_manifest": "format.manifest",
     "reader_warnings": "format.formats",
     "scan_tree": "scan.tree",
     "split_tree_error": "scan.tree",
     "tree_warnings": "scan.tree",
-    "verify": "verify",
+    "verify": "shards.verify",
     "verify_url": "remote.upload",
 }
 
 
-# Three names are also the modules that define them: ``pack``, ``index`` and ``verify`` are the
-# functions, as when this file imported them all (importing ``imgshards.converter.pack`` binds the
-# module under its name here: _Package keeps the function there instead).
+# A name that is also the module defining it (``pack``) is the function, as when this file imported
+# them all (importing ``imgshards.converter.pack`` binds the module under its name here: _Package
+# keeps the function there instead). ``index`` and ``verify`` live in shards/, so shadow nothing.
 _SHADOWED = frozenset(name for name, module in _WHERE.items() if name == module)
 
 

@@ -43,7 +43,7 @@ from .plan.splits import Part, read_split_file
 from .plan.tasks import plan_part, shard_task, split_names, split_parts
 from .scan.readorder import ReadOrder, choose_read_order
 from .scan.tree import Reject, ScanResult, check_source, scan_tree
-from .verify import hash_file
+from .shards.verify import hash_file
 from .write.attempts import cut_off
 from .write.destination import (
     REJECTS_DIR,

@@ -27,7 +27,7 @@ from imgshards.converter import ManifestError, read_manifest
 from imgshards.converter.format.headers import image_size, jpeg_header, jpeg_scans, oversized, too_many_scans
 from imgshards.converter.format.validate import MAX_SHARD_BYTES, check_name
 from imgshards.converter.scan.check import Check, Inspection, inspect_image
-from imgshards.converter.verify import check_shard_stream
+from imgshards.converter.shards.verify import check_shard_stream
 from imgshards.loader import CorruptImageError, ShardDataset
 from imgshards.loader.image.decode import decode
 from imgshards.loader.pipeline.tar import read_run

@@ -812,7 +812,6 @@ def converter_stack() -> list[str]:
     return max(_stacks(graph).values(), key=len)
 
 
-@pytest.mark.xfail(strict=True, reason="15 deep before converter/ is grouped by stage")
 def test_no_converter_import_stack_deeper_than_8():
     # A module stacked 15 imports deep cannot be read without the 14 under it (issue 45): each stage
     # of the pack (scan, plan, write, engines, remote, shards) is a short stack of its own.

@@ -24,8 +24,8 @@ from imgshards.cli.main import cli
 from imgshards.converter import IndexConfig, LabelSource, ShardInfo, index, read_manifest, verify
 from imgshards.converter.format.errors import UnreadableSamplesError
 from imgshards.converter.format.tarstream import MAX_EXTENDED_HEADER
-from imgshards.converter.shardscan import scan_shard
-from imgshards.converter.verify import check_shard_stream
+from imgshards.converter.shards.read import scan_shard
+from imgshards.converter.shards.verify import check_shard_stream
 from imgshards.loader.pipeline.tar import read_run
 
 JPG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3 + b"\xff\xd9"  # never decoded here: bytes to carry

@@ -52,7 +52,7 @@ from ..format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from ..format.tables import TABLES
 from ..pack import pack
 from ..scan.tree import split_tree_error, tree_warnings
-from ..verify import VerifyReport, build_report, check_shard_stream, shard_jobs
+from ..shards.verify import VerifyReport, build_report, check_shard_stream, shard_jobs
 from ..write.destination import STATE_DIR
 from ..write.safefs import make_dirs, remove, write_atomic
 from ..write.shard import ShardRecord
@@ -135,7 +135,7 @@ def verify_url(
     workers: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> VerifyReport:
-    """Like :func:`~imgshards.converter.verify`, for a dataset at a URL: every shard is streamed once.
+    """Like :func:`~imgshards.converter.shards.verify`, for a dataset at a URL: every shard is streamed once.
 
     ``timeout``: seconds a request may wait for the server, to connect or for more of its answer
     (:func:`~.format.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).

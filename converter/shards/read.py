@@ -22,10 +22,10 @@ from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 
-from .engines.pool import default_workers, start_pool
-from .format.errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
-from .format.locate import redact_url, shown_cause
-from .format.manifest import (
+from ..engines.pool import default_workers, start_pool
+from ..format.errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
+from ..format.locate import redact_url, shown_cause
+from ..format.manifest import (
     IMAGE_EXTENSIONS,
     INDEX_NAME,
     TIMM_INFO_NAME,
@@ -35,14 +35,14 @@ from .format.manifest import (
     local_path,
     read_manifest,
 )
-from .format.remotefs import Remote
-from .format.tables import BLOCK, encode_sources, encode_table, key_digest
-from .format.tarsamples import checked_samples, shown
-from .format.tarstream import TarStream, stream_end
-from .format.validate import check_name, open_regular
-from .remote.indexurl import write_index_url
+from ..format.remotefs import Remote
+from ..format.tables import BLOCK, encode_sources, encode_table, key_digest
+from ..format.tarsamples import checked_samples, shown
+from ..format.tarstream import TarStream, stream_end
+from ..format.validate import check_name, open_regular
+from ..remote.indexurl import write_index_url
+from ..write.safefs import write_atomic
 from .verify import HashingReader
-from .write.safefs import write_atomic
 
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]
 

@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from .format.errors import DestinationError, ManifestError, SourceError, UnreadableSamplesError
-from .format.locate import redact_url
-from .format.manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
-from .format.tables import encode_table
-from .format.validate import check_index, split_name_error
-from .shardscan import ShardScan, ShardStore, Value
+from ..format.errors import DestinationError, ManifestError, SourceError, UnreadableSamplesError
+from ..format.locate import redact_url
+from ..format.manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
+from ..format.tables import encode_table
+from ..format.validate import check_index, split_name_error
+from .read import ShardScan, ShardStore, Value
 
 __all__ = ["MADE_BY", "IndexConfig", "IndexResult", "index", "read_classes"]
 

@@ -18,13 +18,13 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
-from .engines.pool import start_pool, worker_count
-from .format.errors import ShardEndError, ShardFormatError
-from .format.locate import redact_url
-from .format.manifest import LabelSource, Manifest, ShardInfo, read_manifest
-from .format.tarsamples import checked_samples, shown
-from .format.tarstream import TarStream, stream_end
-from .format.validate import open_regular
+from ..engines.pool import start_pool, worker_count
+from ..format.errors import ShardEndError, ShardFormatError
+from ..format.locate import redact_url
+from ..format.manifest import LabelSource, Manifest, ShardInfo, read_manifest
+from ..format.tarsamples import checked_samples, shown
+from ..format.tarstream import TarStream, stream_end
+from ..format.validate import open_regular
 
 __all__ = [
     "HashingReader",
