@@ -1,8 +1,8 @@
 """What ``pack`` is asked to do, what a remote destination plugs in, and what a run did.
 
 :class:`PackConfig`, :class:`PackHooks` and :class:`PackResult`, apart from the run itself
-(:mod:`.pack`) so that the destination's state (:mod:`.destination`) and the remote packer
-(:mod:`.remote`) can name them.
+(:mod:`.pack`) so that the destination's state (:mod:`.write.destination`) and the remote packer
+(:mod:`.remote.upload`) can name them.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ class PackConfig:
         overwrite: Replace a split packed into ``dst`` with other arguments or from another tree.
         progress: Show progress bars on stderr.
         strict: Refuse a tree that looks like the wrong folder (class folders named like splits, or
-            only folders at the top of every class folder: see :func:`~.scan.tree_warnings`)
+            only folders at the top of every class folder: see :func:`~.scan.tree.tree_warnings`)
             instead of packing it with a warning in :attr:`PackResult.warnings`.
         allow_split_names: Pack a tree whose class folders are all named like splits (``train``,
             ``val``...) as classes. Refused otherwise: it is the folder above the trees of the
-            splits far more often than a dataset of those classes (see :func:`~.scan.split_tree_error`).
+            splits far more often than a dataset of those classes (see :func:`~.scan.tree.split_tree_error`).
 
     """
 
@@ -163,7 +163,7 @@ class PackConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PackHooks:
-    """Where a destination other than the output directory plugs in (see :mod:`.remote`).
+    """Where a destination other than the output directory plugs in (see :mod:`.remote.upload`).
 
     Attributes:
         stored: Asked about a shard recorded as finished whose file is not in the output directory;
@@ -183,7 +183,7 @@ class PackResult:
 
     ``split`` is the first split the run packed, ``splits`` all of them (one unless the tree was
     split); ``read_order`` how the tree was read (``disk`` or ``plan``). ``hints`` holds, for each
-    split of images much larger than training uses, what ``--resize`` would save (:mod:`.resizehint`).
+    split of images much larger than training uses, what ``--resize`` would save (:mod:`.plan.resizehint`).
     """
 
     dst: Path | str

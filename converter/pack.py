@@ -1,16 +1,16 @@
 """``pack``: scan -> split -> plan -> write shards in parallel -> index. Resumable; accounts for every file.
 
 One run packs one split, or several cut from the one tree (``val_fraction``, ``split_file``: see
-:mod:`.splits`), sharing one label index. The state of an unfinished split is kept in the
-destination (:mod:`.destination`). Re-running the same command after a crash checks the finished
-shards against their records (and their files against what they were packed from, :mod:`.resume`),
+:mod:`.plan.splits`), sharing one label index. The state of an unfinished split is kept in the
+destination (:mod:`.write.destination`). Re-running the same command after a crash checks the finished
+shards against their records (and their files against what they were packed from, :mod:`.write.resume`),
 writes the rest, and gives output byte-identical to an uninterrupted run. The index is written
 last, under a lock, so several splits can be packed into one destination. The arguments are a
-:class:`~.config.PackConfig`; the tasks run on an :mod:`.engine` (the local pool, or Ray across
+:class:`~.config.PackConfig`; the tasks run on an :mod:`.engines.engine` (the local pool, or Ray across
 machines), which only runs them: the plan, records, rejects and index stay here, in the driver.
 Each split's image sizes, counted in its shards' records, go into the index; a split of large
 photos packed as they are also gets a measured estimate of what ``--resize`` would save
-(:mod:`.resizehint`, in :attr:`~.config.PackResult.hints`).
+(:mod:`.plan.resizehint`, in :attr:`~.config.PackResult.hints`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "check
 
 log = logging.getLogger(__name__)
 
-# Gather tasks: runs of the tree in inode order, each read by one worker (see :mod:`.write`).
+# Gather tasks: runs of the tree in inode order, each read by one worker (see :mod:`.write.shard`).
 _BUCKETS = "buckets"
 _GATHER_FILES = 1 << 16
 _GATHER_BYTES = 256 << 20
@@ -84,9 +84,9 @@ def pack(
 
     Raises:
         SourceError: ``src`` is not a usable ImageFolder tree, or a split of it would be empty, or
-            its class folders are all split names (:func:`~.scan.split_tree_error`, unless
+            its class folders are all split names (:func:`~.scan.tree.split_tree_error`, unless
             ``config.allow_split_names``), or (``config.strict``) it looks like the wrong folder
-            (:func:`~.scan.tree_warnings`).
+            (:func:`~.scan.tree.tree_warnings`).
         SplitFileError: ``config.split_file`` is unusable.
         DestinationError: ``dst`` holds a conflicting pack (other arguments, tree or classes), or
             another ``pack`` is writing the same split there.
@@ -227,7 +227,7 @@ def _sizes(records: list[ShardRecord]) -> SizeStats | None:
 def _hints(
     config: PackConfig, done: list[tuple[Part, list[ShardRecord]]], pool: Executor
 ) -> dict[str, ResizeHint]:
-    """What ``--resize`` would save, measured on each split of large images (see :mod:`.resizehint`)."""
+    """What ``--resize`` would save, measured on each split of large images (see :mod:`.plan.resizehint`)."""
     hints = {}
     for part, records in done:
         started = time.perf_counter()

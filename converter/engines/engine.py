@@ -8,8 +8,8 @@ engine only runs its tasks. An :class:`Engine` offers two things:
 * :meth:`Engine.map`, which runs ``fn(task, counter)`` over a stream of shard tasks, a bounded number
   at a time, and yields each task with its result and the node that ran it, in the order they finish.
 
-:class:`PoolEngine` is the local process pool of :mod:`.pool` (with its shared progress counter and
-the disk-order gather). The Ray engine lives in :mod:`.rayengine`, imported only when asked for, so
+:class:`PoolEngine` is the local process pool of :mod:`.engines.pool` (with its shared progress counter and
+the disk-order gather). The Ray engine lives in :mod:`.engines.rayengine`, imported only when asked for, so
 ``import imgshards.converter`` never imports Ray.
 """
 
@@ -47,7 +47,7 @@ class Engine(Protocol):
     ) -> Iterator[tuple[T, R, str]]:
         """Run ``fn(task, counter)`` over ``tasks``; yield ``(task, result, node)`` as each finishes.
 
-        ``counter`` is a progress counter for :func:`~.pool.add_progress`, or ``None``.
+        ``counter`` is a progress counter for :func:`~.engines.pool.add_progress`, or ``None``.
         ``same_codecs``: the tasks re-encode images, so every node must encode as the driver does.
         """
         ...

@@ -3,7 +3,7 @@
 The driver (the process running ``pack``) scans, plans, and writes the records, rejects and index,
 as with the pool; each shard is one task, ``@ray.remote(max_retries=...)``, that reads its files
 straight from the tree (the disk-order gather is per host: it does not apply here) and writes its
-shard under a temporary name unique to the attempt, then renames it (see :mod:`.write`). A task
+shard under a temporary name unique to the attempt, then renames it (see :mod:`.write.shard`). A task
 retried after its node died, and a straggler from that node still running, both write the same
 bytes: whichever rename lands last changes nothing. Only a window of about twice the cluster's CPUs
 is in flight at once, so a plan of 100k shards never sits in the object store whole.
@@ -13,7 +13,7 @@ the same imgshards installed. With ``--resize`` or a format conversion the bytes
 Pillow's and libjpeg's versions, so each task first checks that its node's match the driver's, and
 fails with :class:`~.format.errors.EngineError` naming the node if not.
 
-This module imports Ray; :func:`~.engine.make_engine` imports it only when Ray is asked for.
+This module imports Ray; :func:`~.engines.engine.make_engine` imports it only when Ray is asked for.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _check_reachable(address: str | None) -> None:
 
 
 class RayEngine:
-    """Ray Core tasks on the cluster at ``address`` (see :func:`~.engine.make_engine`)."""
+    """Ray Core tasks on the cluster at ``address`` (see :func:`~.engines.engine.make_engine`)."""
 
     name = "ray"
     gathers = False

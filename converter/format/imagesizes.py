@@ -1,6 +1,6 @@
 """The sizes of a split's images, as stored: how many were seen, the median and the 95th percentile.
 
-``pack`` reads every image's size from its header anyway (:mod:`..check`); each shard's record counts
+``pack`` reads every image's size from its header anyway (:mod:`..scan.check`); each shard's record counts
 the sizes it stored (``"4032x3024": 812``: photo folders hold a few sizes, ImageNet's shards a few
 hundred), and the split's records fold into one :class:`SizeStats`, kept in the index's split info
 (``"image_sizes"``) so that ``imgshards info`` shows it too. The percentiles rank images by pixel

@@ -1,7 +1,7 @@
 """What ``pack`` would write, without writing anything: each split's samples, shards and size.
 
 ``imgshards pack --dry-run`` asks it. It runs the checks of the source (:func:`~.scan.tree.check_source`),
-the scan, the splits and the plans that :func:`~.pack.pack` runs (the same functions, :mod:`.tasks`),
+the scan, the splits and the plans that :func:`~.pack.pack` runs (the same functions, :mod:`.plan.tasks`),
 and stops before the destination is touched: nothing is created there, not even the directory. The
 images are not opened, so its rejects are those the scan finds (wrong extensions, files outside a
 class folder, broken links...); ``--check`` finds more while the shards are written. The sizes are

@@ -4,7 +4,7 @@ A phone's 12 MP photo costs the loader tens of milliseconds an image, though a t
 ends as 224x224 pixels; stored at ``--resize 512`` it costs a millisecond or two. ``pack`` does not
 guess that ratio: when a split packed without ``--resize`` has a median image whose shorter side is
 at least :data:`MUCH_LARGER` times :data:`SUGGESTED_RESIZE`, it takes :data:`SAMPLED` of its images,
-spread over the split, makes of each what ``--resize 512`` would store (:func:`~.write.stored_image`,
+spread over the split, makes of each what ``--resize 512`` would store (:func:`~.write.shard.stored_image`,
 the writer's own re-encode), and times what the loader's ``train`` preset at 224 does to both.
 
 The model of the loader, with Pillow alone (the converter imports no torch and no loader): a view

@@ -1,7 +1,7 @@
 """What the driver decides before any shard is written: the splits, each one's plan, each shard's task.
 
 Pure functions of the scan and the :class:`~.config.PackConfig`: the same tree and arguments give the
-same splits, plans and tasks on any machine and under any engine (:mod:`.engine`), which is what
+same splits, plans and tasks on any machine and under any engine (:mod:`.engines.engine`), which is what
 makes a run's output byte-identical whoever writes its shards, and resumable by either engine.
 """
 
@@ -34,7 +34,7 @@ def split_names(config: PackConfig, listed: dict[str, list[str]] | None) -> tupl
 def split_parts(scan: ScanResult, config: PackConfig, listed: dict[str, list[str]] | None) -> list[Part]:
     """The parts of the tree to pack, each a split; refuses an empty one.
 
-    ``listed`` is the split file's content (:func:`~.splits.read_split_file`), if ``config`` names one.
+    ``listed`` is the split file's content (:func:`~.plan.splits.read_split_file`), if ``config`` names one.
     """
     if listed is not None:
         parts = split_by_file(scan, listed, str(config.split_file))

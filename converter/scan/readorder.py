@@ -1,6 +1,6 @@
 """In which order ``pack`` reads the tree: in disk order through buckets, or straight in plan order.
 
-``disk`` (the gather, see :mod:`.write`) makes a cold tree of small files sequential I/O, at the cost
+``disk`` (the gather, see :mod:`.write.shard`) makes a cold tree of small files sequential I/O, at the cost
 of writing every byte twice. When the tree is already in the page cache (or on storage where random
 reads cost little, ``--read-order plan``), reading each shard's files straight from the tree in plan
 order is faster. ``auto`` decides per run from a probe: ``mincore`` on a fixed, evenly spaced sample

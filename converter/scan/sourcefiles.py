@@ -5,7 +5,7 @@ scanned size plus a margin: a file that grew since the scan is read up to the bo
 past it (one growing without end, a log, cannot exhaust memory), one too large to hold in memory or
 in a tar member is rejected, and a FIFO swapped in for a file reads as empty instead of blocking
 (``O_NONBLOCK``). Why a file was not read travels as an ``OSError`` (through the gather's buckets,
-see :mod:`.write`); :func:`reason_of` names its reject reason.
+see :mod:`.write.shard`); :func:`reason_of` names its reject reason.
 """
 
 from __future__ import annotations

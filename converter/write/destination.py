@@ -4,7 +4,7 @@
 and one record per finished shard; ``DST/.imgshards/rejects/<split>.jsonl`` the split's rejects,
 under a hidden folder so that no reader's shard pattern (``train-*``, Hugging Face's
 ``**/train[-._ 0-9]*``) picks it up. A run continues the plan it finds, or refuses to mix two.
-Everything here is written, read and removed through :mod:`.safefs`: never through a link planted
+Everything here is written, read and removed through :mod:`.write.safefs`: never through a link planted
 under the destination.
 """
 
@@ -47,7 +47,7 @@ REJECTS_DIR = f"{STATE_DIR}/rejects"
 def locked(dst: Path, path: Path, busy: str) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (below ``dst``); the kernel drops it if the process dies.
 
-    The lock file is opened without following a link (:mod:`.safefs`). It may be removed by its
+    The lock file is opened without following a link (:mod:`.write.safefs`). It may be removed by its
     holder (:func:`claim`); a process that opened it just before then holds a lock on a file no
     longer there, so it checks, after locking, that the file it locked is still the one under
     ``path``, and opens it anew if not.
@@ -74,7 +74,7 @@ def claim(dst: Path, splits: Sequence[str]) -> Iterator[None]:
 
     A run that fails before it planned a split (a refusal: a conflicting destination, a bad source)
     leaves ``dst`` as it found it: no lock file, and no folder it created (``dst`` included). Every
-    folder below ``dst`` is made and every lock opened without following a link (:mod:`.safefs`).
+    folder below ``dst`` is made and every lock opened without following a link (:mod:`.write.safefs`).
 
     Raises:
         DestinationError: ``dst`` cannot be created, or another ``pack`` is writing one of ``splits``.

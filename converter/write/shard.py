@@ -373,7 +373,7 @@ def stored_image(
 ) -> Reject | tuple[bytes, Inspection, tuple[str, ...]]:
     """The bytes a shard stores for the file ``rel`` holding ``data``, their verdict and conversions.
 
-    Or why the file is rejected. :mod:`.resizehint` asks it too, for what ``--resize`` would store.
+    Or why the file is rejected. :mod:`.plan.resizehint` asks it too, for what ``--resize`` would store.
     """
     verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), check, max_pixels)
     if verdict.reason is not None:
