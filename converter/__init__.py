@@ -3,6 +3,18 @@
 Then verify and describe them.
 
 ``converter`` needs no torch: it imports numpy, Pillow and tqdm only (and fsspec, for a URL only).
+One sub-package a stage of the pack, each a short stack of imports (8 modules at most,
+tests/test_layout.py)::
+
+    pack, config  the entry point (scan -> plan -> write -> index.json) and its settings
+    scan/         1. scan the tree: the images, the rejects and why, the source reads
+    plan/         2. plan the splits, the shards and the engines' tasks; the dry run
+    write/        3. write the shards: atomically, resumably, into the destination
+    shards/       4. shards already written: index them, verify them
+    engines/      where the shard tasks run: the local pool or Ray
+    remote/       a pack, a verify and an index at a URL
+    format/       the packed format, the one contract with the loader
+    synthetic     a synthetic ImageFolder tree, for tests and demos
 """
 
 from __future__ import annotations
