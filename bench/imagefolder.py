@@ -83,7 +83,11 @@ def throughput_run(
     from torchvision import datasets, transforms
 
     from imgshards.loader import ImageFolder
-    from imgshards.loader.pipeline import imagefolder
+
+    try:
+        from imgshards.loader import imagefolder
+    except ImportError:  # a release before ImageFolder sat beside the other datasets (--against)
+        from imgshards.loader.pipeline import imagefolder  # type: ignore[no-redef]
 
     trans = transforms.Compose(
         [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
@@ -174,7 +178,11 @@ def reads_run(side: str, tree: Path, shards: Path, images: int, seed: int) -> fl
     from torchvision import datasets
 
     from imgshards.loader import ImageFolder
-    from imgshards.loader.pipeline import imagefolder
+
+    try:
+        from imgshards.loader import imagefolder
+    except ImportError:  # a release before ImageFolder sat beside the other datasets (--against)
+        from imgshards.loader.pipeline import imagefolder  # type: ignore[no-redef]
 
     imagefolder.FADVISE_RANDOM = side == FADV_SIDE
     if side == "torchvision":

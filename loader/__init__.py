@@ -40,10 +40,10 @@ from .image.presets import (
     ScaleCropFlipColor,
     preset,
 )
+from .imagefolder import ImageFolder
 from .mix import MixedDataset
 from .pipeline import passes
 from .pipeline.collate import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
-from .pipeline.imagefolder import ImageFolder
 from .pipeline.offload import DecodeOn
 from .remote import RetryPolicy, ShardSource
 

@@ -67,10 +67,10 @@ from imgshards.converter.format.tables import BLOCK, decode_sources, decode_tabl
 from imgshards.converter.format.tarsamples import SampleReader, checked_samples, sample_problem, shown
 from imgshards.converter.format.tarstream import TarStream
 
-from ..errors import ConfigError, CorruptImageError, DatasetNotFoundError, ShardReadError
-from ..image.decode import pil_image
-from ..remote import ShardSource
-from .tar import source_path
+from .errors import ConfigError, CorruptImageError, DatasetNotFoundError, ShardReadError
+from .image.decode import pil_image
+from .pipeline.tar import source_path
+from .remote import ShardSource
 
 __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder", "default_loader"]
 
