@@ -43,9 +43,10 @@ from .image.presets import (
 from .imagefolder import ImageFolder
 from .mix import MixedDataset
 from .pipeline import passes
-from .pipeline.collate import IMAGENET_MEAN, IMAGENET_STD, Batch, to_device
+from .pipeline.collate import IMAGENET_MEAN, IMAGENET_STD, to_device
 from .pipeline.offload import DecodeOn
 from .remote import RetryPolicy, ShardSource
+from .state.buffers import Batch
 
 __all__ = [
     "IMAGENET_MEAN",

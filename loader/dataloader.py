@@ -25,9 +25,9 @@ from imgshards.converter.format.errors import ImgshardsError
 from .dataset import PassDataset
 from .device.decoding import DeviceDecoder
 from .errors import ConfigError, CorruptImageError, LoaderTimeoutError, ResumeError, WorkerError
-from .pipeline.collate import Batch, pool_token
 from .pipeline.offload import DecodeOn
 from .remote.cache import end_with
+from .state.buffers import Batch, pool_token
 from .state.checkpoint import ResumeState
 from .workers import default_context, worker_died
 

@@ -30,7 +30,6 @@ from .epoch.position import Leg, PassPosition
 from .errors import ConfigError, SettingFixedError, check_choice
 from .image.pil_input import user_transform
 from .image.presets import PRESETS, Transform, preset
-from .pipeline.collate import Batch, BufferPool
 from .pipeline.offload import DecodeOn, RawBatch
 from .pipeline.passes import ImageSettings, ReadSettings, raw_samples, worker_pass
 from .pipeline.spec import Part, Spec
@@ -39,6 +38,7 @@ from .pipeline.tar import RawSample
 from .remote import ShardSource
 from .remote.ranges import DEFAULT_TIMEOUT
 from .stages import Stage, check_stages
+from .state.buffers import Batch, BufferPool
 from .state.checkpoint import shards_digest
 from .state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE, Counters, EpochCursor
 from .state.progress import EpochProgress, PassCounts, allowed_lost
@@ -376,7 +376,7 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         return self._progress.control.kept_buffer(token)
 
     def forget_buffers(self) -> None:
-        """Unmap the batch buffers kept for workers that exited (see :mod:`.pipeline.collate`)."""
+        """Unmap the batch buffers kept for workers that exited (see :mod:`.state.buffers`)."""
         self._progress.control.forget_buffers()
 
     # ---- a pass -----------------------------------------------------------------------------------

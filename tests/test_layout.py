@@ -2,6 +2,8 @@
 
 - No import cycle in loader/, counting every import: deferred ones (in a function) and those under
   ``if TYPE_CHECKING:`` too, since each is a dependency a reader has to hold in mind.
+- Layers = folders (issue 45): no import runs back up inside loader/, i.e. no two of its folders (or
+  top-level modules) import each other, however indirectly.
 - The converter apart from the loader and the CLI; the data path apart from the benchmark package.
 - One contract (issue 45): the packed format (the index, the tar reader and writer, the tables) is
   one sub-package, ``converter/format/``, that imports nothing else of the converter; importing the
@@ -309,6 +311,62 @@ def test_every_import_counts(tmp_path, monkeypatch):
         "decode": set(),
     }
     assert [c.splitlines()[0] for c in loader_cycles()] == ["dataset -> pipeline.passes -> stages -> dataset"]
+
+
+def _layer(module: str) -> str:
+    """The layer of a loader module: its sub-package, or itself for a module at loader/'s top."""
+    rest = module.removeprefix(f"{LOADER}.")
+    return "loader" if module == LOADER else rest.split(".")[0]
+
+
+def folder_cycles(imports: list[Import] | None = None) -> list[str]:
+    """loader/'s cycles between layers (sub-packages and top-level modules), each with its imports.
+
+    A module-level cycle is a bug; a cycle between folders is a layer that runs back up: the folders
+    stop telling what builds on what (issue 45: ``state/`` imported ``pipeline/collate``).
+    """
+    imports = _loader_imports() if imports is None else imports
+    across = [i for i in imports if _layer(i.source) != _layer(i.target) and i.source != LOADER]
+    graph: dict[str, set[str]] = {}
+    for i in across:
+        graph.setdefault(_layer(i.source), set()).add(_layer(i.target))
+        graph.setdefault(_layer(i.target), set())
+    found = []
+    for cycle in _cycles(graph):
+        lines = [" -> ".join(cycle)]
+        for source, target in pairwise(cycle):
+            lines += [f"    {i}" for i in across if (_layer(i.source), _layer(i.target)) == (source, target)]
+        found.append("\n".join(lines))
+    return found
+
+
+def test_no_import_runs_back_up_in_the_loader():
+    # Layers = folders: one folder builds on others, never on one that builds on it.
+    cycles = folder_cycles()
+    assert not cycles, "loader/ folders importing each other (python tests/test_layout.py):\n" + "\n".join(
+        cycles
+    )
+
+
+def test_the_layer_rule_finds_a_folder_running_back_up(tmp_path, monkeypatch):
+    _graph_of(
+        {
+            "loader/__init__.py": "from .dataset import ShardDataset\n",
+            "loader/dataset.py": "from .state import cursor\n",
+            "loader/state/__init__.py": "",
+            "loader/state/cursor.py": "from ..pipeline.collate import BufferPool\n",
+            "loader/pipeline/__init__.py": "",
+            "loader/pipeline/collate.py": "",
+            "loader/pipeline/passes.py": "from ..state.cursor import Counters\n",
+        },
+        tmp_path,
+        monkeypatch,
+    )
+    # No module cycle (collate imports nothing), but pipeline/ and state/ import each other.
+    assert not loader_cycles()
+    (cycle,) = folder_cycles()
+    assert cycle.splitlines()[0] == "pipeline -> state -> pipeline"
+    assert "loader/state/cursor.py:1" in cycle and "loader/pipeline/passes.py:1" in cycle
 
 
 def test_the_converter_never_imports_the_loader_or_the_cli():
@@ -957,6 +1015,9 @@ def test_each_storage_protocol_is_named_in_one_place():
 if __name__ == "__main__":
     found = loader_cycles()
     print("\n\n".join(found) if found else "no import cycle in loader/")
+    layers = folder_cycles()
+    print("\n\n".join(layers) if layers else "no loader/ folder imports one that imports it")
+    found += layers
     stack = converter_stack()
     print(f"converter/'s longest import stack, {len(stack)} modules:", " -> ".join(stack))
     sys.exit(1 if found else 0)

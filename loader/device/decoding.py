@@ -2,7 +2,7 @@
 
 With ``ShardDataset(..., decode_on="cuda")`` the DataLoader workers only read, shuffle and batch raw
 bytes (:class:`~.offload.RawBatch`, one message per batch), and a :class:`DeviceDecoder` in the
-training process turns each into a normalized :class:`~..pipeline.collate.Batch` on the device::
+training process turns each into a normalized :class:`~..state.buffers.Batch` on the device::
 
     producer thread:  RawBatch -> probe headers (host) -> decode (one batched call per chunk, on a
         decode stream of its own; the CPU decoder for the rest) -> draw each image's view (host,
@@ -49,10 +49,11 @@ import torch
 from ..epoch.seeds import augment_seed
 from ..errors import ConfigError, CorruptImageError, ImageShapeError
 from ..image.presets import PRESETS, Preset, Transform, View
-from ..pipeline.collate import Batch, to_device
+from ..pipeline.collate import to_device
 from ..pipeline.offload import DecodeOn, RawBatch
 from ..pipeline.runs import seeded
 from ..pipeline.steps import AUGMENT, DECODE, NORMALIZE
+from ..state.buffers import Batch
 from .augment import augment_groups, by_width, canvas_bytes
 from .backends import Backend, Probe, chunks, decode_sample, default_backend, probe
 from .marks import DecoderStats, Marks

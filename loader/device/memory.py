@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..pipeline.collate import Batch
+from ..state.buffers import Batch
 from .augment import canvas_bytes
 
 __all__ = ["LARGE", "LARGE_SEGMENT", "SMALL", "SMALL_SEGMENT", "Memory", "bound", "rounded"]

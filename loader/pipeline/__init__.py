@@ -8,10 +8,8 @@
 - :mod:`.runs`: reading the runs of a plan's shards, cutting them into batches, the per-batch seed.
 - :mod:`.tar`: the tar reader, a run of a shard to raw samples (through the converter's tar parser).
 - :mod:`.batches`: the batch steps, plain generators over ``(k, [samples])``.
-- :mod:`.collate`: :class:`~.collate.Batch`, the collate into reused shared-memory buffers, ``to_device``.
+- :mod:`.collate`: the stack of a batch's images into one buffer (:mod:`..state.buffers`'), ``to_device``.
 - :mod:`.offload`: ``decode_on``'s :class:`~.offload.RawBatch`, a batch's bytes for the training process.
-- :mod:`.imagefolder`: :class:`~.imagefolder.ImageFolder`, a packed split as a map-style dataset
-  (torchvision's ``ImageFolder``): one sample read at its offset, through the same tar parser.
 - :mod:`.steps`: the profiling steps (read, decode, augment, collate) and the clock each worker
   times them with (read by ``imgshards bench``).
 

@@ -24,7 +24,8 @@ from ..errors import ConfigError, CorruptImageError, ImageShapeError
 from ..image.decode import decode as decode_image
 from ..image.presets import Transform
 from ..image.scaled import ScaledDecoder, scaled_decoder
-from .collate import Batch, BatchRows, BufferPool, SentBatch, collate
+from ..state.buffers import Batch, BufferPool, SentBatch
+from .collate import BatchRows, collate
 from .offload import RawBatch, raw_batch
 from .runs import seeded
 from .steps import AUGMENT, COLLATE, DECODE, NoClock, StepClock

@@ -27,9 +27,10 @@ from ..epoch.seeds import augment_seed, user_seed
 from ..errors import ShardReadError
 from ..image.presets import Transform
 from ..remote import ShardSource
+from ..state.buffers import Batch, BufferPool, SentBatch
 from ..state.cursor import FILTERED, TRUNCATED, UNREADABLE, Counters
 from .batches import Batches, Stage, collate_batches, decode_batches, each, offload_batches
-from .collate import Batch, BatchRows, BufferPool, SentBatch
+from .collate import BatchRows
 from .offload import RawBatch
 from .runs import Resumed, RunReader, batched, read_elsewhere
 from .steps import NO_CLOCK, READ, NoClock, StepClock

@@ -7,6 +7,8 @@
 - :mod:`.cursor`: the state shared with the DataLoader workers, in shared memory: the epoch cursor
   (:class:`~.cursor.EpochCursor`, its one owner), the skip counters (:class:`~.cursor.Counters`,
   whose ``skip`` is the one skip-count-warn of an unusable sample), the batch-buffer flags.
+- :mod:`.buffers`: :class:`~.buffers.Batch` and the shared-memory buffers a worker stacks batches
+  into and the training process hands back (:class:`~.buffers.BufferPool`), how a batch crosses.
 - :mod:`.checkpoint`: the resume state format (:class:`~.checkpoint.ResumeState`) and its checks.
 - :mod:`.ranks`: rank and world size, settled as a pass starts.
 """

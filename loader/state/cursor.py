@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import CorruptImageError, ResumeError
-from ..pipeline.collate import BufferPool, forget_buffers, keep_buffer, kept_buffer
+from .buffers import BufferPool, forget_buffers, keep_buffer, kept_buffer
 
 __all__ = [
     "CORRUPT",

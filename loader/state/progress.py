@@ -29,7 +29,7 @@ from imgshards.converter.format.locate import redact_url
 from ..epoch import partition
 from ..epoch.position import Leg, PassPosition
 from ..errors import ConfigError, ResumeError, ShardReadError
-from ..pipeline.collate import BufferPool
+from .buffers import BufferPool
 from .checkpoint import ResumeState
 from .cursor import (
     CORRUPT,

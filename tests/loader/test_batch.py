@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from imgshards.loader import IMAGENET_MEAN, IMAGENET_STD, Batch, ConfigError, to_device
-from imgshards.loader.pipeline.collate import BatchRows, BufferPool, collate, pool_token
+from imgshards.loader.pipeline.collate import BatchRows, collate
+from imgshards.loader.state.buffers import BufferPool, pool_token
 
 
 def images(n: int, size: int = 8) -> list[torch.Tensor]:
@@ -123,7 +124,7 @@ def test_a_pooled_batch_travels_whole_once_then_by_name():
     """Pickled as a worker sends it: the buffer's file descriptor the first time, its name after."""
     from multiprocessing.reduction import ForkingPickler
 
-    from imgshards.loader.pipeline.collate import forget_buffers, keep_buffer
+    from imgshards.loader.state.buffers import forget_buffers, keep_buffer
 
     flags = torch.zeros(4, dtype=torch.int64)
     pool = BufferPool(flags[2:4], first_token=2, name="test-pool")

@@ -23,7 +23,7 @@ from imgshards.converter.format.errors import ManifestError
 from imgshards.converter.format.manifest import read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, ResumeError, ShardDataset, make_loader
 from imgshards.loader.epoch.position import PassPosition
-from imgshards.loader.pipeline.collate import pool_token
+from imgshards.loader.state.buffers import pool_token
 
 IDENTITY = torch.nn.Identity()
 

@@ -27,8 +27,9 @@ from imgshards.loader.device.backends import default_backend, probe
 from imgshards.loader.device.decoding import DeviceDecoder
 from imgshards.loader.device.memory import LARGE_SEGMENT, SMALL_SEGMENT, bound, rounded
 from imgshards.loader.image.decode import decode, jpeg_header
-from imgshards.loader.pipeline.collate import BufferPool, collate, pool_token
+from imgshards.loader.pipeline.collate import collate
 from imgshards.loader.pipeline.offload import raw_batch
+from imgshards.loader.state.buffers import BufferPool, pool_token
 
 # ---- helpers -------------------------------------------------------------------------------------
 
