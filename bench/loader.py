@@ -322,14 +322,14 @@ def window_images(packed: Path, args: argparse.Namespace) -> list[bytes]:
     """
     # Imported here: `--one` runs this file under REF's imgshards too, which may not have them.
     from imgshards.loader.epoch.position import PassPosition
-    from imgshards.loader.pipeline.passes import raw_samples
+    from imgshards.loader.pipeline.passes import plan, raw_samples
 
     ds = ShardDataset(packed, batch_size=args.batch_size)
 
     def batches(worker: int) -> Iterator[list[bytes]]:
         at = PassPosition(0, (), 0, worker, args.workers)
-        samples = raw_samples(ds.read_settings, at, ds.counters(worker))
-        for size in ds.plan(at).sizes:
+        samples = raw_samples(ds.spec, ds.part, at, ds.progress.counters(worker))
+        for size in plan(ds.spec, ds.part, at).sizes:
             yield [bytes(s[s.ext]) for s in islice(samples, size)]
 
     streams = [batches(w) for w in range(args.workers)]

@@ -76,7 +76,10 @@ def rank_labels(
     per_worker = []
     for w in range(workers):
         at = PassPosition(epoch, (), 0, w, workers)
-        plan, raw = ds.plan(at), passes.raw_samples(ds.read_settings, at, ds.counters(w))
+        plan, raw = (
+            passes.plan(ds.spec, ds.part, at),
+            passes.raw_samples(ds.spec, ds.part, at, ds.progress.counters(w)),
+        )
         per_worker.append([[s.label for s in b] for _, b in batched(raw, sizes=plan.sizes, make_up=None)])
     return [per_worker[j % workers][j // workers] for j in range(sum(map(len, per_worker)))]
 

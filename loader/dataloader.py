@@ -90,7 +90,7 @@ def make_loader(
         timeout=min(timeout or _LIVENESS_SECONDS, _LIVENESS_SECONDS) if workers else 0,
         # DataLoader draws a base seed per pass; from its own generator it leaves the caller's
         # torch RNG alone. (The dataset seeds augmentation itself, per batch.)
-        generator=torch.Generator().manual_seed(dataset.seed),
+        generator=torch.Generator().manual_seed(dataset.spec.seed),
     )
     return ShardLoader(dataset, loader, timeout=timeout)
 
@@ -117,9 +117,13 @@ class ShardLoader:
         self.dataset = dataset
         self.dataloader = dataloader
         self.timeout = timeout  # seconds without a batch from live workers (0: no limit)
-        # With dataset.decode_on the workers send raw batches, decoded here (device/decoding.py).
-        self.decoder = None if dataset.decode_on is None else _decoder(dataset, dataset.decode_on)
-        dataset.loader_passes = True  # this loader begins each pass (its workers read what it fixed)
+        # The dataset's epoch, shared with the workers: this loader begins each pass, moves the cursor
+        # as it hands batches over, and accounts for what each pass lost.
+        self.progress = dataset.progress
+        self.progress.loader_passes = True  # the workers read the pass this loader fixed
+        # With decode_on the workers send raw batches, decoded here (device/decoding.py).
+        decode_on = dataset.spec.decode_on
+        self.decoder = None if decode_on is None else _decoder(dataset, decode_on)
         # Worker batch buffers handed out, to give back once nothing here refers to them: the
         # storage, its token, and the references to it that are not a batch's (see _give_back).
         self._lent: list[tuple[torch.UntypedStorage, int, int]] = []
@@ -136,26 +140,26 @@ class ShardLoader:
         After a pass stopped early it still names that pass's epoch, as :meth:`state_dict` does (a
         checkpoint saved then resumes it); the next ``iter()`` reads the epoch after it.
         """
-        return self.dataset.epoch
+        return self.progress.epoch
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.progress.rank_batches()
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` at the next pass (keeps a pending resume into that same epoch)."""
-        self.dataset.set_epoch(epoch)
+        self.progress.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        ds, cursor = self.dataset, self.dataset.cursor
+        progress, cursor = self.progress, self.progress.cursor
         # What the workers read as their pass starts: a loaded state's place, or an epoch from its start.
         delivered = cursor.begin_pass()
-        epoch, total = ds.epoch, ds.leg_batches()  # settles the rank for this pass
+        epoch, total = progress.epoch, progress.leg_batches()  # settles the rank for this pass
         if self.decoder is not None:
-            self.decoder.rank = ds.rank  # its augment seeds: the rank of this pass, not of the build
-        counts = ds.pass_counts()  # what this pass lost is told and judged against them as it ends
+            self.decoder.rank = progress.ranks()[0]  # its augment seeds: the rank of this pass
+        counts = progress.pass_counts()  # what this pass lost is told and judged against them as it ends
         if not self.dataloader.persistent_workers:
             self._lent.clear()  # new worker processes, new buffers: old tokens must not free them
-            ds.forget_buffers()
+            progress.control.forget_buffers()
         done = delivered >= total
         if self.num_workers > 0:
             self.dataloader.worker_init_fn = functools.partial(_end_with, os.getpid())
@@ -172,17 +176,17 @@ class ShardLoader:
             if delivered >= total and not done:
                 # Before handing over the last batch: a loop that stops at len(loader) never comes back.
                 done = True
-                ds.account_pass(epoch, counts)  # warns, moves the record on, judges max_lost
+                progress.account_pass(epoch, counts)  # warns, moves the record on, judges max_lost
             yield batch
         if not done:  # fewer batches than planned (eval with lost samples) or an empty epoch
-            ds.account_pass(epoch, counts)
+            progress.account_pass(epoch, counts)
         cursor.end_pass()  # every worker has ended this pass: the next reads the next epoch
 
     def _lend(self, storage: torch.UntypedStorage, token: int) -> tuple[torch.UntypedStorage, int, int]:
         # A storage's use count is its references: ours, the kept buffer's if the batch came in a
         # kept buffer (sent by name) and torch gave it another Python object, and every tensor
         # (view, numpy array...) of the batch.
-        kept = self.dataset.kept_buffer(token)
+        kept = self.progress.control.kept_buffer(token)
         other = kept is not None and kept is not storage and kept.data_ptr() == storage.data_ptr()
         return storage, token, 2 if other else 1
 
@@ -191,16 +195,16 @@ class ShardLoader:
         still = []
         for storage, token, own in self._lent:
             if torch._C._storage_Use_Count(storage._cdata) <= own:
-                self.dataset.release(token, storage)
+                self.progress.control.release(token, storage)
             else:
                 still.append((storage, token, own))
         self._lent = still
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: epoch, finished legs, batches delivered, and what fixes the order."""
-        cursor, ds = self.dataset.cursor, self.dataset
-        place = ResumeState(cursor.epoch, cursor.legs, cursor.delivered, ds.world_size, self.num_workers)
-        return place.encode(ds.resume_settings())
+        cursor, world_size = self.progress.cursor, self.progress.ranks()[1]
+        place = ResumeState(cursor.epoch, cursor.legs, cursor.delivered, world_size, self.num_workers)
+        return place.encode(self.dataset.spec.resume_settings())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next pass: the rest of that epoch.
@@ -214,23 +218,24 @@ class ShardLoader:
                 shuffle setting (or another topology in eval mode), or is not a loader state.
 
         """
-        ds = self.dataset
-        place = ResumeState.decode(state, ds.resume_settings(), "ShardLoader", ds.batches_in_leg)
+        spec, progress = self.dataset.spec, self.progress
+        place = ResumeState.decode(state, spec.resume_settings(), "ShardLoader", spec.batches_in_leg)
         legs, batches = place.legs, place.batches
         # 0 workers is one worker in this process: the same plan as 1.
         topology = (place.world_size, max(place.num_workers, 1))
-        if topology != (self.dataset.world_size, max(self.num_workers, 1)) and batches:
-            if self.dataset.mode == "eval":
+        world_size = progress.ranks()[1]
+        if topology != (world_size, max(self.num_workers, 1)) and batches:
+            if not spec.train:
                 w, n = topology
                 raise ResumeError(
                     f"an eval pass resumes only at the saved topology: world_size: saved {w}, now "
-                    f"{self.dataset.world_size}; num_workers: saved {n}, now {self.num_workers}"
+                    f"{world_size}; num_workers: saved {n}, now {self.num_workers}"
                 )
             legs, batches = (*legs, (*topology, batches)), 0
-        self.dataset.cursor.seek(place.epoch, legs, 0)
-        if not 0 <= batches <= self.dataset.leg_batches():
+        progress.cursor.seek(place.epoch, legs, 0)
+        if not 0 <= batches <= progress.leg_batches():
             raise ResumeError(f"saved state has {batches} batches delivered of an epoch of {len(self)}")
-        self.dataset.cursor.seek(place.epoch, legs, batches)
+        progress.cursor.seek(place.epoch, legs, batches)
 
 
 def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
@@ -238,14 +243,15 @@ def _decoder(dataset: PassDataset, decode_on: DecodeOn) -> DeviceDecoder:
 
     def on_corrupt(worker: int, e: CorruptImageError) -> None:
         # The workers' skip (count, warn), its warning one frame further out as this one adds a frame.
-        dataset.counters(worker).skip(e, stacklevel=4)
+        dataset.progress.counters(worker).skip(e, stacklevel=4)
 
+    spec = dataset.spec
     return DeviceDecoder(
         decode_on,
-        transform=dataset.transform,
-        seed=dataset.seed,
+        transform=spec.transform,
+        seed=spec.seed,
         rank=dataset.rank,
-        on_corrupt=None if dataset.on_error == "raise" else on_corrupt,
+        on_corrupt=None if spec.on_error == "raise" else on_corrupt,
     )
 
 

@@ -5,7 +5,7 @@ proportion to the weights (largest remainders, at least one sample of every sour
 a part of the mix's spec (:class:`~.pipeline.spec.Part`), read with batch size ``b_i`` and
 partitioned over ranks and workers as a :class:`~imgshards.loader.ShardDataset` is; a pass zips
 their raw batches (batch ``k`` of every source makes batch ``k`` of the mix), shuffles each within
-the batch, then decodes, transforms and stacks it once (:meth:`.pipeline.spec.Spec.raw`).
+the batch, then decodes, transforms and stacks it once (:func:`.pipeline.passes.raw_batches`).
 
 What holds, for ``W`` ranks:
 
@@ -32,25 +32,15 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from imgshards.converter.format.locate import redact_url
 
-from .dataset import (
-    PassDataset,
-    ShardDataset,
-    check_settings,
-    image_spec,
-    open_source,
-    read_index,
-    split_part,
-)
+from .dataset import PassDataset, ShardDataset
 from .errors import ConfigError
-from .pipeline.spec import Spec
+from .pipeline.spec import make_spec
 from .remote import ShardSource
 from .state.ranks import settle_ranks
 
-__all__ = ["MixedDataset", "split_batch"]
+__all__ = ["MixedDataset"]
 
 Source = str | os.PathLike[str] | ShardSource
 
@@ -60,28 +50,6 @@ _OPTIONS = {
     for name, p in inspect.signature(ShardDataset).parameters.items()
     if name not in ("source", "split", "batch_size", "seed")
 }
-
-
-def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
-    """Samples of each source in a batch: ``batch_size`` split by ``weights``, largest remainders first.
-
-    Raises:
-        ConfigError: a weight is not positive, or so small that its source gets no sample a batch.
-
-    """
-    if not weights or any(not w > 0 for w in weights):
-        raise ConfigError(f"weights must be positive numbers, one a source; got {list(weights)}")
-    share = np.asarray(weights, dtype=float) / float(sum(weights)) * batch_size
-    counts = np.floor(share).astype(int)
-    for i in np.argsort(-(share - counts), kind="stable")[: batch_size - int(counts.sum())]:
-        counts[i] += 1
-    if (counts == 0).any():
-        low = int(np.flatnonzero(counts == 0)[0])
-        raise ConfigError(
-            f"weight {weights[low]} of source {low} is under one sample in a batch of {batch_size}; "
-            "raise batch_size or that weight"
-        )
-    return [int(c) for c in counts]
 
 
 class MixedDataset(PassDataset):
@@ -130,100 +98,16 @@ class MixedDataset(PassDataset):
                 "proportions: leave drop_last out"
             )
         o = {**_OPTIONS, **options}
-        # Each index read once: the sizes give the default weights, the parts are made of the same read.
-        opened = [
-            open_source(
-                s,
-                storage_options=o["storage_options"],
-                cache_dir=o["cache_dir"],
-                cache_limit=o["cache_limit"],
-                prefetch=o["prefetch"],
-                timeout=o["timeout"],
-            )
-            for s in sources
-        ]
-        indexes = [read_index(s, split) for s in opened]
-        weights = tuple(float(w) for w in (weights or [info.samples for _, _, info in indexes]))
-        if len(weights) != len(sources):
-            raise ConfigError(f"{len(weights)} weights for {len(sources)} sources")
-        shares = split_batch(batch_size, weights)
-        for i, share in enumerate(shares):  # each part's settings, checked as a ShardDataset checks its own
-            check_settings(
-                mode=o["mode"],
-                on_error=o["on_error"],
-                batch_size=share,
-                seed=seed + i,
-                drop_last=True,
-                max_lost=o["max_lost"],
-                shuffle_buffer=o["shuffle_buffer"],
-                shuffle_initial=o["shuffle_initial"],
-            )
-        # The images of every part are made alike, once the batch is zipped: with the mix's seed.
-        image, offload, raw_stages = image_spec(
-            o["transform"],
-            image_size=o["image_size"],
-            mode="train",
-            seed=seed,
-            on_error=o["on_error"],
-            decode_on=o["decode_on"],
-            raw_stages=o["raw_stages"],
-            image_stages=o["image_stages"],
-        )
-        # One label a class name: the sorted union of the parts' classes, and each part's labels
-        # mapped onto it (None where a part's list is the mix's: its labels stay as they are).
-        names = [list(manifest.classes) for _, manifest, _ in indexes]
-        classes = names[0] if all(n == names[0] for n in names) else sorted({c for n in names for c in n})
-        ids = {name: i for i, name in enumerate(classes)}
-        # Each part reads its source with its own batch size and seed, on the mix's epoch: it runs the
-        # raw half of the mix's pass. The mix runs the rest, once, on the zipped batches.
-        parts = tuple(
-            split_part(
-                source,
-                index,
-                split=split,
-                batch_size=share,
-                mode="train",
-                shuffle=True if o["shuffle"] is None else o["shuffle"],
-                shuffle_buffer=o["shuffle_buffer"],
-                shuffle_initial=o["shuffle_initial"],
-                drop_last=True,
-                seed=seed + i,
-                on_error=o["on_error"],
-                raw_stages=raw_stages,
-                views=not (raw_stages or image.image_stages),
-                relabel=None if own == classes else np.array([ids[c] for c in own], dtype=np.int64),
-            )
-            for i, (source, index, share, own) in enumerate(zip(opened, indexes, shares, names, strict=True))
-        )
-        spec = Spec(
-            parts,
-            image,
-            split=split,
-            batch_size=batch_size,
-            mode="train",
-            seed=seed,
-            max_lost=float(o["max_lost"]),
-            decode_on=offload,
-            classes=tuple(classes),
-            weights=weights,
-        )
+        del o["rank"], o["world_size"]  # settled as each pass starts, by the epoch's progress
+        spec = make_spec(sources, weights=weights, split=split, batch_size=batch_size, seed=seed, **o)
         super().__init__(spec, options.get("rank"), options.get("world_size"))
 
-    @property
-    def weights(self) -> tuple[float, ...]:
-        """The share of each source in every batch, as given (default: their samples)."""
-        return self._spec.weights
-
-    @property
-    def shares(self) -> list[int]:
-        """Samples of each source in a batch: ``batch_size`` split by :attr:`weights`."""
-        return self._spec.shares
-
     def __repr__(self) -> str:
-        roots = ", ".join(repr(redact_url(str(r))) for r in self._spec.roots())
+        spec = self.spec
+        roots = ", ".join(repr(redact_url(str(r))) for r in spec.roots())
         return (
-            f"{type(self).__name__}([{roots}], weights={list(self.weights)}, shares={self.shares}, "
-            f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size})"
+            f"{type(self).__name__}([{roots}], weights={list(spec.weights)}, shares={spec.shares}, "
+            f"batch_size={spec.batch_size}, rank={self.rank}/{self.world_size})"
         )
 
 

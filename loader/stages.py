@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from torch.utils.data import IterableDataset
 from webdataset.filters import pipelinefilter
 
-from .errors import ConfigError, CorruptImageError
+from .errors import CorruptImageError
 from .image.presets import Transform
-from .pipeline.batches import IMAGE, LABEL, Sample, Stage, apply, decode_one, transform_one
+from .pipeline.batches import IMAGE, LABEL, Sample, Stage, apply, check_stages, decode_one, transform_one
 from .pipeline.tar import RawSample
 
 __all__ = [
@@ -40,18 +40,6 @@ __all__ = [
     "label_from_json",
     "samples",
 ]
-
-
-def check_stages(name: str, stages: Sequence[Any] | None) -> tuple[Stage, ...]:
-    """``stages`` as a tuple, each checked to be callable (a ``wds`` stage, or a function of an iterator)."""
-    out = tuple(stages or ())
-    for i, stage in enumerate(out):
-        if not callable(stage):
-            raise ConfigError(
-                f"{name}[{i}] is {stage!r}: a stage is a callable from an iterator of samples to an "
-                "iterator (wds.map(f), wds.select(pred), or a generator function)"
-            )
-    return out
 
 
 # ---- the source of a hand-built pipeline -------------------------------------------------------

@@ -1,10 +1,10 @@
 """One worker's pass: frozen settings in, batches out.
 
-- :mod:`.spec`: :class:`~.spec.Spec`, what a dataset reads, fixed when it is made: its parts (one
-  packed split each), how images are made, and the zip of several parts' raw batches.
-- :mod:`.passes`: :class:`~.passes.ReadSettings`, :class:`~.passes.ImageSettings`,
-  :func:`~.passes.raw_pass` (plan, read, order, cut, raw stages) and :func:`~.passes.worker_pass`
-  (decode, image stages, collate; or offload).
+- :mod:`.spec`: :class:`~.spec.Spec`, what a dataset reads and every setting, once, fixed when it
+  is made: its parts (one packed split each); and :func:`~.spec.make_spec`, the one builder.
+- :mod:`.passes`: a pass of a spec: :func:`~.passes.raw_batches` (plan, read, order, cut, raw
+  stages, the zip of several parts) and :func:`~.passes.worker_pass` (decode, image stages,
+  collate; or offload).
 - :mod:`.runs`: reading the runs of a plan's shards, cutting them into batches, the per-batch seed.
 - :mod:`.tar`: the tar reader, a run of a shard to raw samples (through the converter's tar parser).
 - :mod:`.batches`: the batch steps, plain generators over ``(k, [samples])``.

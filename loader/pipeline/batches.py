@@ -38,6 +38,7 @@ __all__ = [
     "Sample",
     "Stage",
     "apply",
+    "check_stages",
     "collate_batches",
     "decode_batches",
     "decode_one",
@@ -238,3 +239,15 @@ def offload_batches(
         batch = pack(samples, epoch=epoch, worker=worker, index=k, shared=shared)
         clock.batch_done(len(samples))
         yield batch
+
+
+def check_stages(name: str, stages: Sequence[Any] | None) -> tuple[Stage, ...]:
+    """``stages`` as a tuple, each checked to be callable (a ``wds`` stage, or a function of an iterator)."""
+    out = tuple(stages or ())
+    for i, stage in enumerate(out):
+        if not callable(stage):
+            raise ConfigError(
+                f"{name}[{i}] is {stage!r}: a stage is a callable from an iterator of samples to an "
+                "iterator (wds.map(f), wds.select(pred), or a generator function)"
+            )
+    return out

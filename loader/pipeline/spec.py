@@ -1,89 +1,171 @@
 """What a dataset reads, fixed when it is made: one packed split or several, and how images are made.
 
 A :class:`Spec` is the frozen half of a dataset (the other, what changes as it is read, is
-:class:`~..state.progress.EpochProgress`): its parts (:class:`Part`, one packed split each, with
-the :class:`~.passes.ReadSettings` a pass reads it with), the :class:`~.passes.ImageSettings` its
-batches are made with, and the settings a user gave. It answers what the epoch asks (batches in a
-leg, samples a rank plans, the settings a resume checks) and gives a pass its raw batches
-(:meth:`Spec.raw`). A :class:`~imgshards.loader.ShardDataset` is a spec of one part; a
-:class:`~imgshards.loader.MixedDataset` one of several, zipped: batch ``k`` of every part makes
-batch ``k`` of the mix, its labels mapped onto the mix's classes, shuffled within the batch.
+:class:`~..state.progress.EpochProgress`). It holds every setting a user gave, each once, and its
+parts (:class:`Part`, one packed split each: where it is, its index, its seed and its share of a
+batch). Everything else is computed from them when asked: a part's :attr:`Spec.layout` (what fixes
+its order), the batches in a leg, the samples a rank plans, the settings a resume checks. A pass
+reads it through :mod:`.passes`. Every dataset kind is made by
+one builder, :func:`make_spec`: a :class:`~imgshards.loader.ShardDataset` is a spec of one part, a
+:class:`~imgshards.loader.MixedDataset` one of several, zipped (batch ``k`` of every part makes
+batch ``k`` of the mix, its labels mapped onto the mix's classes, shuffled within the batch).
+
+``tests/loader/pipeline/test_spec.py`` lists every field of the spec and of its parts, and fails
+when one setting is held in two places.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
+import torch
 
-from imgshards.converter.format.locate import redact_url
-from imgshards.converter.format.manifest import Manifest, SplitInfo
+from imgshards.converter.format.locate import INDEX_NAME, is_url, local_path, redact_url
+from imgshards.converter.format.manifest import Manifest, SplitInfo, read_manifest
+from imgshards.converter.format.validate import MIN_SAMPLE_BYTES
 
 from ..epoch import elastic, partition
-from ..epoch.position import Leg, PassPosition
-from ..epoch.seeds import mix_rng
-from ..errors import ConfigError
+from ..epoch.position import Leg
+from ..errors import ConfigError, check_choice
+from ..image.pil_input import user_transform
+from ..image.presets import PRESETS, Transform, preset
 from ..remote import ShardSource
-from ..state.cursor import Counters
-from .batches import LABEL, Batches
+from ..remote.ranges import DEFAULT_TIMEOUT
+from ..state.checkpoint import shards_digest
+from .batches import Stage, check_stages
 from .offload import DecodeOn
-from .passes import ImageSettings, ReadSettings, raw_pass
-from .steps import NoClock, StepClock
 
-__all__ = ["Part", "Spec"]
+__all__ = [
+    "DEFAULT_MAX_LOST",
+    "MODES",
+    "ON_ERROR",
+    "Mode",
+    "OnError",
+    "Part",
+    "Spec",
+    "make_spec",
+    "split_batch",
+]
+
+Mode = Literal["train", "eval"]
+OnError = Literal["skip", "raise"]
+MODES: tuple[str, ...] = get_args(Mode)
+ON_ERROR: tuple[str, ...] = get_args(OnError)
+DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 
 
 @dataclass(frozen=True, eq=False)
 class Part:
-    """One packed split a dataset reads, and how a pass reads it.
+    """One packed split a dataset reads: where it is, its index, its own seed and share of a batch.
 
+    ``seed`` is the seed of this part's order (a mix's part ``i`` draws from the mix's seed plus
+    ``i``); ``share`` its samples in every batch (the batch size, for a dataset of one part).
     ``relabel`` maps the part's labels onto the dataset's classes (``None``: its labels are the
-    dataset's). Its share of a batch is its :attr:`layout`'s batch size.
+    dataset's).
     """
 
     root: Path | str
     manifest: Manifest
-    read: ReadSettings
-    shards_digest: str  # which data a resume state is of (state.checkpoint.shards_digest)
+    split: SplitInfo
+    source: ShardSource
+    seed: int
+    share: int
     relabel: np.ndarray | None = None
 
-    @property
-    def source(self) -> ShardSource:
-        """Where the shards are read from."""
-        return self.read.source
-
-    @property
-    def split_info(self) -> SplitInfo:
-        """The split's shards, as its index lists them."""
-        return self.read.split
-
-    @property
-    def layout(self) -> elastic.Layout:
-        """What fixes the part's order: its shards' sizes, seed, batch share, shuffle and buffer."""
-        return self.read.layout
+    @functools.cached_property
+    def shard_samples(self) -> tuple[int, ...]:
+        """Samples of each shard, as the index lists them."""
+        return tuple(s.samples for s in self.split.shards)
 
     @property
     def num_samples(self) -> int:
         """Samples of the split."""
-        return sum(self.read.layout.shard_samples)
+        return sum(self.shard_samples)
+
+    @functools.cached_property
+    def shards_digest(self) -> str:
+        """Which data a resume state is of (:func:`~..state.checkpoint.shards_digest`)."""
+        return shards_digest(self.split.shards)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The part's own class names, as its index lists them (its labels are positions here)."""
+        return tuple(self.manifest.classes)
+
+    @property
+    def where(self) -> str:
+        """The split and its root, for messages."""
+        return f"split {self.split.name!r} at {redact_url(str(self.root))}"
 
 
 @dataclass(frozen=True, eq=False)
 class Spec:
-    """What a dataset reads and how it makes batches of it: fixed when the dataset is made."""
+    """What a dataset reads and how it makes batches of it: every setting, once, fixed when it is made.
+
+    The seed and the batch size are the parts': the first part's seed is the dataset's, and the
+    batch is every part's share together.
+    """
 
     parts: tuple[Part, ...]
-    image: ImageSettings
-    split: str
-    batch_size: int
     mode: str  # "train" or "eval"
-    seed: int
+    shuffle: bool
+    shuffle_buffer: int
+    shuffle_initial: int
+    drop_last: bool
+    transform: Transform
+    on_error: str  # "skip" or "raise"
     max_lost: float
     decode_on: DecodeOn | None
-    classes: tuple[str, ...]
+    raw_stages: tuple[Stage, ...] = ()
+    image_stages: tuple[Stage, ...] = ()
     weights: tuple[float, ...] = ()  # several parts: the share of each in a batch, as given
+
+    # ---- the settings that follow from the parts ---------------------------------------------------
+
+    @property
+    def split(self) -> str:
+        """The split read (of every part)."""
+        return self.parts[0].split.name
+
+    @property
+    def seed(self) -> int:
+        """Seed of every random choice (the first part's; a mix's others draw from it plus their place)."""
+        return self.parts[0].seed
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch: every part's share together."""
+        return sum(self.shares)
+
+    @property
+    def shares(self) -> list[int]:
+        """Samples of each part in a batch."""
+        return [p.share for p in self.parts]
+
+    @functools.cached_property
+    def classes(self) -> tuple[str, ...]:
+        """Class names: a label is a position here.
+
+        The parts' own list if they all hold the same one, else the sorted union of their names (a
+        name several parts hold is one label; :attr:`Part.relabel` maps each part's labels onto it).
+        """
+        return merged_classes([p.classes for p in self.parts])
+
+    @property
+    def train(self) -> bool:
+        """Train mode: equal batches on every rank, and what a damaged shard lost made up."""
+        return self.mode == "train"
+
+    @property
+    def views(self) -> bool:
+        """Images as views of a mapped shard: no user stage sees (and keeps) them."""
+        return not (self.raw_stages or self.image_stages)
 
     @property
     def num_samples(self) -> int:
@@ -95,15 +177,21 @@ class Spec:
         """Which data a resume state is of: the parts' digests."""
         return "+".join(p.shards_digest for p in self.parts)
 
-    @property
-    def shares(self) -> list[int]:
-        """Samples of each part in a batch."""
-        return [p.layout.batch_size for p in self.parts]
+    def layout(self, part: Part) -> elastic.Layout:
+        """What fixes ``part``'s train order: its shards' sizes, its seed and share, the shuffle."""
+        return elastic.Layout(
+            part.shard_samples,
+            part.seed,
+            part.share,
+            self.drop_last,
+            self.shuffle,
+            self.shuffle_buffer,
+            self.shuffle_initial,
+        )
 
     def _kw(self) -> dict[str, Any]:
         # One part's partition (eval, and a train rank's samples): the batches of the whole spec.
-        drop_last = self.parts[0].layout.drop_last
-        return {"batch_size": self.batch_size, "train": self.mode == "train", "drop_last": drop_last}
+        return {"batch_size": self.batch_size, "train": self.train, "drop_last": self.drop_last}
 
     # ---- what the epoch asks ----------------------------------------------------------------------
 
@@ -114,27 +202,29 @@ class Spec:
             ConfigError: of several parts, one has fewer samples a rank than its share of a batch.
 
         """
-        if self.mode == "eval":
+        if not self.train:
             return partition.rank_batches(self.num_samples, world_size=world_size, **self._kw())[rank]
         batches = [
-            elastic.rank_batches(p.layout, epoch=epoch, legs=legs, world_size=world_size) for p in self.parts
+            elastic.rank_batches(self.layout(p), epoch=epoch, legs=legs, world_size=world_size)
+            for p in self.parts
         ]
         if len(self.parts) > 1 and not legs and not min(batches):
             empty = batches.index(0)
             part = self.parts[empty]
             raise ConfigError(
                 f"source {empty} ({redact_url(str(part.root))}) has {part.num_samples // world_size} "
-                f"sample(s) a rank, fewer than its {part.layout.batch_size} a batch: an epoch would be "
+                f"sample(s) a rank, fewer than its {part.share} a batch: an epoch would be "
                 "empty; lower its weight or the batch size"
             )
         return min(batches)
 
     def batches_in_leg(self, epoch: int, legs: tuple[Leg, ...], world_size: int) -> int:
         """The most batches a rank yields in ``epoch``'s leg after ``legs`` at ``world_size`` ranks."""
-        if self.mode == "eval":  # eval has no legs: its ranks yield one batch apart at most
+        if not self.train:  # eval has no legs: its ranks yield one batch apart at most
             return max(partition.rank_batches(self.num_samples, world_size=world_size, **self._kw()))
         return min(
-            elastic.rank_batches(p.layout, epoch=epoch, legs=legs, world_size=world_size) for p in self.parts
+            elastic.rank_batches(self.layout(p), epoch=epoch, legs=legs, world_size=world_size)
+            for p in self.parts
         )
 
     def rank_samples(self, epoch: int, legs: tuple[Leg, ...], rank: int, world_size: int) -> int:
@@ -163,7 +253,6 @@ class Spec:
         state of another split or dataset of the same size would otherwise resume there, skipping
         samples it never delivered. Several parts add their weights and shares of a batch.
         """
-        layout = self.parts[0].layout  # the order settings, the same in every part
         settings: dict[str, Any] = {
             "split": self.split,
             "shards": self.shards_digest,
@@ -171,10 +260,10 @@ class Spec:
             "batch_size": self.batch_size,
             "seed": self.seed,
             "mode": self.mode,
-            "shuffle": layout.shuffle,
-            "shuffle_buffer": layout.shuffle_buffer,
-            "shuffle_initial": layout.shuffle_initial,
-            "drop_last": layout.drop_last,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "shuffle_initial": self.shuffle_initial,
+            "drop_last": self.drop_last,
         }
         if len(self.parts) > 1:
             settings |= {"weights": list(self.weights), "shares": self.shares}
@@ -184,34 +273,283 @@ class Spec:
         """Where the data is, for messages."""
         return [p.root for p in self.parts]
 
-    def sources(self) -> list[ShardSource]:
-        """What a pass reads from."""
-        return [p.source for p in self.parts]
-
     def settle(self) -> None:
         """Settle the sources as a pass ends: its downloads reach the cache."""
-        for source in self.sources():
-            source.settle()
+        for part in self.parts:
+            part.source.settle()
 
-    # ---- a pass -----------------------------------------------------------------------------------
 
-    def raw(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        """``(k, raw samples)`` of the pass of ``at``, the user's raw stages run; several parts zipped."""
-        if len(self.parts) == 1:
-            return raw_pass(self.parts[0].read, at, counters, clock=clock)
-        return self._zipped(at, counters, clock)
+# ---- the one builder -----------------------------------------------------------------------------
 
-    def _zipped(self, at: PassPosition, counters: Counters, clock: StepClock | NoClock) -> Batches:
-        """Batch ``k`` of every part, as one batch: labels mapped onto the spec's, shuffled within it."""
-        streams = [raw_pass(p.read, at, counters, clock=clock) for p in self.parts]
-        for batches in zip(*streams, strict=False):  # the shortest part ends the epoch
-            k = batches[0][0]
-            samples = [
-                s if part.relabel is None else {**s, LABEL: int(part.relabel[s[LABEL]])}
-                for (_, raw), part in zip(batches, self.parts, strict=True)
-                for s in raw
-            ]
-            rng = mix_rng(self.seed, at.epoch, at.rank, at.worker, k)
-            yield k, [samples[i] for i in rng.permutation(len(samples))]
-        for stream in streams:
-            stream.close()  # type: ignore[attr-defined]
+
+def make_spec(
+    sources: Sequence[str | os.PathLike[str] | ShardSource],
+    *,
+    weights: Sequence[float] | None = None,
+    split: str = "train",
+    batch_size: int = 64,
+    mode: str = "train",
+    transform: str | Transform | None = None,
+    image_size: int = 224,
+    shuffle: bool | None = None,
+    shuffle_buffer: int = 2000,
+    shuffle_initial: int = 100,
+    drop_last: bool = False,
+    seed: int = 0,
+    on_error: str = "skip",
+    max_lost: float = DEFAULT_MAX_LOST,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | None = None,
+    prefetch: int = 2,
+    timeout: float = DEFAULT_TIMEOUT,
+    decode_on: DecodeOn | str | torch.device | None = None,
+    raw_stages: Sequence[Stage] | None = None,
+    image_stages: Sequence[Stage] | None = None,
+) -> Spec:
+    """The spec of a dataset reading ``split`` of ``sources``: every dataset kind's settings, checked.
+
+    One source is a dataset of one part, its share of a batch the batch size. Several are parts of
+    a mix: ``batch_size`` split by ``weights`` (default: in proportion to their samples, each index
+    read once), part ``i`` drawing its order from ``seed + i``, their classes merged by name. The
+    arguments are :class:`~imgshards.loader.ShardDataset`'s (see there).
+
+    Raises:
+        ConfigError: a setting out of range or not among the allowed values.
+        ManifestError: no index at a source, a bad index, an unknown split, or a missing shard.
+
+    """
+    check_settings(
+        mode=mode,
+        on_error=on_error,
+        batch_size=batch_size,
+        seed=seed,
+        drop_last=drop_last,
+        max_lost=max_lost,
+        shuffle_buffer=shuffle_buffer,
+        shuffle_initial=shuffle_initial,
+    )
+    transform, offload, raw, image = _image_settings(
+        transform,
+        image_size=image_size,
+        mode=mode,
+        decode_on=decode_on,
+        raw_stages=raw_stages,
+        image_stages=image_stages,
+    )
+    opened = [
+        open_source(
+            s,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            prefetch=prefetch,
+            timeout=timeout,
+        )
+        for s in sources
+    ]
+    indexes = [read_index(s, split) for s in opened]
+    mixed = len(opened) > 1
+    if mixed:
+        weights = tuple(float(w) for w in (weights or [info.samples for _, _, info in indexes]))
+        if len(weights) != len(opened):
+            raise ConfigError(f"{len(weights)} weights for {len(opened)} sources")
+        shares = split_batch(batch_size, weights)
+    else:
+        weights, shares = (), [batch_size]
+    # One label a class name: each part's labels mapped onto the spec's classes (None where a part's
+    # list is the spec's: its labels stay as they are).
+    names = [tuple(manifest.classes) for _, manifest, _ in indexes]
+    classes = merged_classes(names)
+    ids = {name: i for i, name in enumerate(classes)}
+    parts = tuple(
+        Part(
+            root,
+            manifest,
+            info,
+            source,
+            seed=seed + i,
+            share=share,
+            relabel=None if own == classes else np.array([ids[c] for c in own], dtype=np.int64),
+        )
+        for i, (source, (root, manifest, info), share, own) in enumerate(
+            zip(opened, indexes, shares, names, strict=True)
+        )
+    )
+    return Spec(
+        parts,
+        mode=mode,
+        shuffle=(mode == "train") if shuffle is None else shuffle,
+        shuffle_buffer=shuffle_buffer,
+        shuffle_initial=shuffle_initial,
+        drop_last=drop_last,
+        transform=transform,
+        on_error=on_error,
+        max_lost=max_lost,
+        decode_on=offload,
+        raw_stages=raw,
+        image_stages=image,
+        weights=weights,
+    )
+
+
+def merged_classes(names: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    """The classes of parts with class lists ``names``: the one list they share, or the sorted union."""
+    return names[0] if all(n == names[0] for n in names) else tuple(sorted({c for n in names for c in n}))
+
+
+def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
+    """Samples of each source in a batch: ``batch_size`` split by ``weights``, largest remainders first.
+
+    Raises:
+        ConfigError: a weight is not positive, or so small that its source gets no sample a batch.
+
+    """
+    if not weights or any(not w > 0 for w in weights):
+        raise ConfigError(f"weights must be positive numbers, one a source; got {list(weights)}")
+    share = np.asarray(weights, dtype=float) / float(sum(weights)) * batch_size
+    counts = np.floor(share).astype(int)
+    for i in np.argsort(-(share - counts), kind="stable")[: batch_size - int(counts.sum())]:
+        counts[i] += 1
+    if (counts == 0).any():
+        low = int(np.flatnonzero(counts == 0)[0])
+        raise ConfigError(
+            f"weight {weights[low]} of source {low} is under one sample in a batch of {batch_size}; "
+            "raise batch_size or that weight"
+        )
+    return [int(c) for c in counts]
+
+
+def check_settings(
+    *,
+    mode: str,
+    on_error: str,
+    batch_size: int,
+    seed: int,
+    drop_last: bool,
+    max_lost: float,
+    shuffle_buffer: int,
+    shuffle_initial: int,
+) -> None:
+    """Raise :class:`ConfigError` for a setting out of range or not among the allowed values."""
+    check_choice("mode", mode, MODES)
+    check_choice("on_error", on_error, ON_ERROR)
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+    if seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed}")
+    if drop_last and mode == "eval":
+        raise ConfigError("drop_last applies to mode='train' only: eval yields every sample exactly once")
+    if not 0 <= max_lost <= 1:
+        raise ConfigError(f"max_lost is a share of the samples, from 0 (none) to 1 (all), got {max_lost}")
+    if shuffle_buffer < 0 or shuffle_initial < 0:
+        raise ConfigError(
+            f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
+        )
+
+
+def _image_settings(
+    transform: str | Transform | None,
+    *,
+    image_size: int,
+    mode: str,
+    decode_on: DecodeOn | str | torch.device | None,
+    raw_stages: Sequence[Stage] | None,
+    image_stages: Sequence[Stage] | None,
+) -> tuple[Transform, DecodeOn | None, tuple[Stage, ...], tuple[Stage, ...]]:
+    """How images are made: the transform, where they are decoded, and the checked stages."""
+    if transform is None:
+        transform = mode
+    if isinstance(transform, str):
+        transform = preset(transform, size=image_size)
+    elif not callable(transform):
+        raise ConfigError(f"transform must be one of {list(PRESETS)} or a callable, got {transform!r}")
+    offload = DecodeOn.of(decode_on)
+    raw = check_stages("raw_stages", raw_stages)
+    image = check_stages("image_stages", image_stages)
+    if image and offload is not None:
+        raise ConfigError(
+            "image_stages run in the workers on decoded images; with decode_on the training process "
+            "decodes: transform its batches in the training loop instead"
+        )
+    if offload is None:
+        # A torchvision transform written for ImageFolder (ToTensor...) gets PIL images, as there.
+        transform = user_transform(transform)
+    return transform, offload, raw, image
+
+
+def open_source(
+    source: str | os.PathLike[str] | ShardSource,
+    *,
+    storage_options: Mapping[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | None,
+    prefetch: int,
+    timeout: float,
+) -> ShardSource:
+    """``source`` as a :class:`ShardSource` holding the remote options (or as given, if one already)."""
+    if isinstance(source, ShardSource):
+        if (
+            storage_options is not None
+            or cache_dir is not None
+            or cache_limit is not None
+            or timeout != DEFAULT_TIMEOUT
+        ):
+            raise ConfigError(
+                "pass storage_options, cache_dir, cache_limit and timeout to the ShardSource, not beside it"
+            )
+        return source
+    return ShardSource(
+        _dataset_dir(source),
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        prefetch=prefetch,
+        timeout=timeout,
+    )
+
+
+Index = tuple[Path | str, Manifest, SplitInfo]
+
+
+_SLACK = 1 << 16  # samples a split may claim past what its files hold, before the claim is refused
+
+
+def read_index(source: ShardSource, split: str) -> Index:
+    """The root, index and split ``split`` of ``source``, read once; its shards are checked to exist.
+
+    The split's sample count sizes the pass's plan (batches per rank and worker), so it is checked
+    against what its shards' files can hold first (a tar sample takes at least ``MIN_SAMPLE_BYTES``),
+    where their sizes are known: a claim no file holds allocates nothing. Shards cut short are damage,
+    read as far as they go, even when half of the split is gone; a claim of over twice what the files
+    hold (and more than ``_SLACK`` samples, whose plan costs next to nothing) is not.
+
+    Raises:
+        ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
+        ConfigError: the split claims far more samples than its shards' files can hold.
+
+    """
+    root: Path | str = source.root if source.remote else Path(source.root)
+    manifest = read_manifest(root, storage_options=source.storage_options)
+    split_info = manifest.split(split)
+    found = source.check(split_info.shards, split)
+    sizes = [size for size in found.values() if size is not None]
+    if found and len(sizes) == len(found):
+        room = sum(size // MIN_SAMPLE_BYTES for size in sizes)
+        if split_info.samples > 2 * room + _SLACK:
+            raise ConfigError(
+                f"{redact_url(str(root))}/{INDEX_NAME}: splits.{split}.samples is {split_info.samples:,}, "
+                f"over twice what its {len(sizes):,} shards can hold ({sum(sizes):,} bytes: at most "
+                f"{room:,} samples): the index does not describe these shards; re-pack the dataset, or "
+                "index its shards with `imgshards index`"
+            )
+    return root, manifest, split_info
+
+
+def _dataset_dir(source: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """``shards/index.json`` -> ``shards``: the shards are read beside their index (as the CLI takes it)."""
+    if is_url(source):
+        url = str(source)
+        return url[: -len(INDEX_NAME) - 1] if url.endswith(f"/{INDEX_NAME}") else source
+    path = local_path(source)
+    return path.parent if path.suffix == ".json" and path.is_file() else source

@@ -266,10 +266,10 @@ class EpochProgress:
         One ``RuntimeWarning`` each for the samples the user's stages dropped, the images skipped
         and the planned samples lost to damaged shards in this pass (in that order), then the epoch's
         record moves on (:meth:`.cursor.EpochCursor.finish_epoch`), then :meth:`check_lost`.
-        :class:`~imgshards.loader.ShardLoader` calls it, through the dataset's ``account_pass``, as it
+        :class:`~imgshards.loader.ShardLoader` calls it as it
         hands over a pass's last batch (or after the pass, if it ended short): the warnings point
-        at the line of the training loop that asked for that batch (``stacklevel=4``: here, the
-        dataset, the loader's generator, the loop).
+        at the line of the training loop that asked for that batch (``stacklevel=3``: here, the
+        loader's generator, the loop).
 
         Raises:
             ShardReadError: the pass lost more than ``max_lost`` allows.
@@ -289,14 +289,14 @@ class EpochProgress:
                 f"epoch {epoch}: the dataset's stages dropped {filtered} sample(s) on this rank; {how}; "
                 f"{self.total(FILTERED)} so far (dataset.filtered_samples)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
         if skipped:
             warnings.warn(
                 f"epoch {epoch}: skipped {skipped} image(s) that do not decode (on_error='skip'); "
                 f"{self.total(CORRUPT)} so far",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
         if lost:
             how = (
@@ -308,7 +308,7 @@ class EpochProgress:
                 f"epoch {epoch}: {lost} planned sample(s) were lost to truncated or unreadable "
                 f"shards, {how}; {self.total(LOST)} so far (imgshards verify names the damaged shards)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
         # Workers that start late (on a busy machine, after the others made the pass's last batches)
         # must still read this epoch: only the record moves on.
@@ -318,7 +318,12 @@ class EpochProgress:
     def check_lost(self, epoch: int, lost: int) -> None:
         """Raise :class:`ShardReadError` if this rank's pass of ``epoch`` lost more than ``max_lost`` allows.
 
-        See the dataset's ``check_lost``.
+        ``lost``: the samples the pass's plan held that damaged or unreadable shards did not give.
+        :class:`~imgshards.loader.ShardLoader` calls it (through :meth:`account_pass`) as it hands
+        over a pass's last batch, or after the pass if it ended short. A pass may lose
+        :func:`allowed_lost` samples, a whole number. Each rank judges its own pass, with no
+        collective operation: a rank that raises ends a ``torchrun`` or Lightning job (the launcher
+        stops the other ranks), where a collective would leave them waiting on it if it never got there.
         """
         planned = self.rank_samples()
         max_lost = self._spec.max_lost

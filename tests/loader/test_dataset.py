@@ -166,7 +166,9 @@ def test_recycled_batch_buffers_never_change_a_batch_still_held(packed_many, loo
             token = pool_token(batch.images)
             tokens.append(token)
             # Sent by name: the batch is in a buffer this process kept mapped (no file descriptor).
-            by_name += token is not None and ds.kept_buffer(token) is batch.images.untyped_storage()
+            by_name += (
+                token is not None and ds.progress.control.kept_buffer(token) is batch.images.untyped_storage()
+            )
             if i % 3 == 0:
                 kept[i] = batch  # held while later batches are made: its buffer must not come back
             elif i % 3 == 1:  # a numpy view of two images holds the buffer as well
@@ -444,15 +446,15 @@ def test_spawned_workers_give_the_same_batches(packed_many, lookup_many):
 
 
 def test_a_dropped_dataset_unmaps_the_buffers_kept_for_its_workers(packed_many):
-    from imgshards.loader.pipeline import collate as batches
+    from imgshards.loader.state import buffers
 
     ds = dataset(packed_many, batch_size=4)
     loader = make_loader(ds, num_workers=2, persistent_workers=True)
-    before = set(batches._KEPT)
+    before = set(buffers._KEPT)
     for _ in loader:  # the buffers handed back stay mapped here, for the batches sent by name
         pass
-    (name,) = set(batches._KEPT) - before  # this dataset's buffers, under the name of its pool
-    assert batches._KEPT.get(name), "buffers are kept while the dataset lives"
+    (name,) = set(buffers._KEPT) - before  # this dataset's buffers, under the name of its pool
+    assert buffers._KEPT.get(name), "buffers are kept while the dataset lives"
     del loader, ds
     gc.collect()
-    assert name not in batches._KEPT
+    assert name not in buffers._KEPT

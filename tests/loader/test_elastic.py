@@ -64,7 +64,7 @@ def test_elastic_resume_delivers_the_rest_of_the_epoch_exactly_once(
 
 def test_remaining_is_computed_from_indices_and_same_topology_needs_no_stage(packed_many):
     ds = ShardDataset(packed_many, batch_size=BATCH, world_size=3, rank=0)
-    left = elastic.remaining(ds.layout, 0, ((3, 2, 4),))
+    left = elastic.remaining(ds.spec.layout(ds.part), 0, ((3, 2, 4),))
     assert len(left) == ds.num_samples - ds.num_samples % 3 - 3 * 4 * BATCH
     samples, batches = elastic.leg_counts(len(left), 2, BATCH)
     assert sum(samples) == len(left) and max(samples) - min(samples) <= 1

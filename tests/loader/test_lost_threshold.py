@@ -55,7 +55,7 @@ def a_pass(root, max_lost):
 
 def test_exactly_max_lost_of_the_samples_lost_is_allowed(lost_29):
     ds, samples = a_pass(lost_29, max_lost=0.29)  # raised "more than max_lost=0.29 allows" on 1bc048c
-    assert ds.rank_samples() == 100 and ds.lost_samples == 29 and samples == 71
+    assert ds.progress.rank_samples() == 100 and ds.lost_samples == 29 and samples == 71
 
 
 def test_one_sample_more_than_max_lost_raises(lost_29):
@@ -67,7 +67,7 @@ def test_one_sample_more_than_max_lost_raises(lost_29):
 
 def test_the_allowance_is_the_decimal_share_rounded_down():
     # Imported here, not at the top: the file's other tests also run (and failed) on 1bc048c.
-    from imgshards.loader.dataset import allowed_lost
+    from imgshards.loader.state.progress import allowed_lost
 
     # Every whole percentage of 100 allows exactly that many, where the float product falls short.
     assert [allowed_lost(k / 100, 100) for k in range(101)] == list(range(101))

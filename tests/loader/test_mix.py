@@ -16,7 +16,7 @@ import torch
 
 from imgshards.converter import IndexConfig, index
 from imgshards.loader import ConfigError, MixedDataset, ShardDataset, ShardReadError, make_loader
-from imgshards.loader.mix import split_batch
+from imgshards.loader.pipeline.spec import split_batch
 
 IDENTITY = torch.nn.Identity()
 
@@ -102,9 +102,9 @@ def test_a_mix_is_for_training(sources):
 def test_a_mix_that_lost_more_than_max_lost_names_every_source(sources):
     a, b = sources
     mix = MixedDataset([a, b], weights=[3, 1], batch_size=8, transform=IDENTITY, max_lost=0.1)
-    assert mix.rank_samples() == len(mix) * 8 == 152
-    mix.check_lost(0, 15)  # under 10%: warned about only
+    assert mix.progress.rank_samples() == len(mix) * 8 == 152
+    mix.progress.check_lost(0, 15)  # under 10%: warned about only
     with pytest.raises(
         ShardReadError, match=rf"lost 16 of its 152 .* at {a}, {b} .*`imgshards verify {a}` and"
     ):
-        mix.check_lost(0, 16)
+        mix.progress.check_lost(0, 16)

@@ -47,7 +47,7 @@ def test_the_elastic_replay_yields_the_positions_the_read_yields(
         packed_many, batch_size=4, rank=rank, world_size=world, seed=seed, shuffle_buffer=buffer,
         shuffle_initial=initial, transform=lambda x: x,
     )  # fmt: skip
-    shard_samples = tuple(s.samples for s in ds.split_info.shards)
+    shard_samples = tuple(s.samples for s in ds.part.split.shards)
     layout = elastic.Layout(shard_samples, seed, 4, False, True, buffer, initial)
     legs: tuple[tuple[int, int, int], ...] = ()
     if resumed:  # a finished leg at another topology, stopped part way
@@ -59,9 +59,9 @@ def test_the_elastic_replay_yields_the_positions_the_read_yields(
     base = elastic.shard_bases(layout, epoch)
     read = [
         int(base[where[s.key][0]]) + where[s.key][1]
-        for s in passes.raw_samples(ds.read_settings, at, ds.counters(worker))
+        for s in passes.raw_samples(ds.spec, ds.part, at, ds.progress.counters(worker))
     ]
-    plan = ds.plan(at)
+    plan = passes.plan(ds.spec, ds.part, at)
     replay = elastic.stream_positions(layout, epoch, plan, base, rank=rank, worker=worker, leg=len(legs))
     assert read == list(replay)
     assert len(read) == plan.samples

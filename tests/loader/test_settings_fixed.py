@@ -45,9 +45,10 @@ DERIVED = (
     "classes",
     "class_to_idx",
     "dropped_per_epoch",
-    "image_settings",
+    "spec",
+    "progress",
+    "shares",
     "shards_digest",
-    "cursor",
     "lost_samples",
     "corrupt_skipped",
     "filtered_samples",
@@ -113,8 +114,8 @@ def test_a_refused_setting_changes_neither_the_order_nor_the_resume_check(make, 
     for name, value in {"shuffle_buffer": 5, "seed": 11, "batch_size": 3, "shuffle_initial": 1}.items():
         with pytest.raises(SettingFixedError):
             setattr(ds, name, value)
-    assert ds.resume_settings() == fresh.resume_settings()
-    assert ds.resume_settings()["shuffle_buffer"] == 40 and ds.resume_settings()["seed"] == 3
+    assert ds.spec.resume_settings() == fresh.spec.resume_settings()
+    assert ds.spec.resume_settings()["shuffle_buffer"] == 40 and ds.spec.resume_settings()["seed"] == 3
     loader, other = make_loader(ds, num_workers=0), make_loader(fresh, num_workers=0)
     # packed_few holds the images of packed_many: one lookup names the keys of both sources.
     keys = lookup_many.run_keys(loader)
@@ -134,8 +135,6 @@ def test_what_is_not_a_setting_stays_settable(make):
     ds.step_times = StepTimes(1)  # a profiler's (imgshards.loader.profiling)
     assert ds.step_times is not None
     ds.step_times = None
-    ds.loader_passes = True  # a ShardLoader's
-    assert ds.loader_passes
     ds.note = "a user's own attribute"  # not a setting of the dataset: left alone
     assert ds.note == "a user's own attribute"
 

@@ -155,7 +155,7 @@ def test_a_member_declaring_8_gib_is_refused_before_it_is_allocated(ds, tmp_path
 def test_a_shard_that_became_a_directory_is_skipped_and_counted(ds, workers):
     dataset = ShardDataset(ds, mode="train", batch_size=4, image_size=32, max_lost=1)
     raising = ShardDataset(ds, mode="train", batch_size=4, image_size=32, on_error="raise")
-    name = dataset.split_info.shards[1].name
+    name = dataset.part.split.shards[1].name
     (ds / name).unlink()
     (ds / name).mkdir()  # after construction: the worker finds it
     with warnings.catch_warnings(record=True):
@@ -188,7 +188,7 @@ import os, sys, warnings
 from imgshards.loader import ShardDataset, ShardReadError, make_loader
 kwargs = dict(mode="train", batch_size=4, image_size=32, max_lost=1)
 skipping, raising = ShardDataset(sys.argv[1], **kwargs), ShardDataset(sys.argv[1], on_error="raise", **kwargs)
-name = skipping.split_info.shards[1].name
+name = skipping.part.split.shards[1].name
 os.unlink(os.path.join(sys.argv[1], name))
 os.mkfifo(os.path.join(sys.argv[1], name))  # nobody ever writes to it
 warnings.simplefilter("ignore")

@@ -170,7 +170,7 @@ def test_source_options_go_in_one_place(remote_packed, tmp_path):
     ):
         ShardDataset(ShardSource(str(remote_packed)), cache_dir=tmp_path, cache_limit=10)
     local = ShardDataset(Path(remote_packed))
-    assert local.root == Path(remote_packed) and not local.source.remote
+    assert local.root == Path(remote_packed) and not local.part.source.remote
 
 
 def test_a_mix_reads_each_index_once(http_serve, remote_packed):

@@ -91,5 +91,5 @@ def test_an_honest_dataset_on_a_server_without_listing_streams_through_the_cache
     batches = list(make_loader(dataset, num_workers=0))
     assert sum(len(b.labels) for b in batches) == dataset.num_samples
     cached = [p.name for p in _files(cache) if p.suffix == ".tar"]
-    assert len(cached) == len(dataset.split_info.shards)
+    assert len(cached) == len(dataset.part.split.shards)
     assert all(p.parent == cache for p in _files(cache))

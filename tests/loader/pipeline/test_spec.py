@@ -1,0 +1,143 @@
+"""Every setting of a dataset is held once, in its spec (issue 45).
+
+Before, the seed was held in three places (the spec, the image settings, the order's layout), the
+classes in three, the batch size, the mode, ``on_error`` and ``decode_on`` in two each, and two
+near-parallel constructors built them. Now one builder (:func:`make_spec`) makes every dataset's
+:class:`Spec`; the spec and its parts hold each setting in one field, and everything else (a part's
+order layout, the batch size of a mix, the classes of a mix) is computed from them. The tables here
+name each field's owner: a new field, or one name held in two places, fails until a person says
+where it belongs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+from imgshards.loader import MixedDataset, ShardDataset
+from imgshards.loader.pipeline.spec import Part, Spec, make_spec
+
+IDENTITY = torch.nn.Identity()
+
+# Every field of the spec and of its parts, and what it holds.
+FIELDS = {
+    Spec: {
+        "parts": "the packed splits read (one a source)",
+        "mode": "'train' or 'eval'",
+        "shuffle": "whether shard order and samples are shuffled",
+        "shuffle_buffer": "samples in each worker's shuffle buffer",
+        "shuffle_initial": "samples in the buffer before the first is yielded",
+        "drop_last": "whether a rank's partial last batch is dropped",
+        "transform": "the transform each image goes through (a preset made at image_size, or the caller's)",
+        "on_error": "'skip' or 'raise'",
+        "max_lost": "the share of a rank's samples a pass may lose",
+        "decode_on": "where the training process decodes (None: the workers do)",
+        "raw_stages": "the user's stages on raw samples",
+        "image_stages": "the user's stages on decoded images",
+        "weights": "a mix's weights, as given",
+    },
+    Part: {
+        "root": "the source's directory or URL",
+        "manifest": "its index",
+        "split": "the split's shards, as its index lists them (its name is the split read)",
+        "source": "where its shards are read from, with the remote options",
+        "seed": "the seed of its order (a mix's part i: the seed plus i)",
+        "share": "its samples in a batch (one part: the batch size)",
+        "relabel": "its labels mapped onto the spec's classes",
+    },
+}
+
+# Each argument of ShardDataset, and the one place its value is held.
+OWNERS = {
+    "source": "Part.root, Part.source",
+    "split": "Part.split",
+    "batch_size": "Part.share (Spec.batch_size: the parts' shares)",
+    "mode": "Spec.mode",
+    "transform": "Spec.transform",
+    "image_size": "Spec.transform (the preset's size)",
+    "shuffle": "Spec.shuffle",
+    "shuffle_buffer": "Spec.shuffle_buffer",
+    "shuffle_initial": "Spec.shuffle_initial",
+    "drop_last": "Spec.drop_last",
+    "seed": "Part.seed (Spec.seed: the first part's)",
+    "rank": "EpochProgress (settled as each pass starts)",
+    "world_size": "EpochProgress (settled as each pass starts)",
+    "on_error": "Spec.on_error",
+    "max_lost": "Spec.max_lost",
+    "storage_options": "Part.source",
+    "cache_dir": "Part.source",
+    "cache_limit": "Part.source",
+    "prefetch": "Part.source",
+    "timeout": "Part.source",
+    "decode_on": "Spec.decode_on",
+    "raw_stages": "Spec.raw_stages",
+    "image_stages": "Spec.image_stages",
+}
+
+
+def test_the_tables_name_every_field_of_the_spec_and_its_parts():
+    for cls, table in FIELDS.items():
+        assert [f.name for f in dataclasses.fields(cls)] == list(table), cls.__name__
+
+
+def test_no_name_is_held_in_two_places():
+    held = [f.name for cls in FIELDS for f in dataclasses.fields(cls)]
+    assert len(held) == len(set(held)), sorted(n for n in held if held.count(n) > 1)
+    # What follows from the fields is computed, not held: no property shadows a field of the other.
+    spec_views = {n for n, v in vars(Spec).items() if isinstance(v, property)}
+    assert "seed" in spec_views and "batch_size" in spec_views and "split" in spec_views
+    assert not spec_views & {f.name for f in dataclasses.fields(Spec)}
+
+
+def test_every_argument_has_one_owner():
+    arguments = list(inspect.signature(ShardDataset).parameters)
+    assert sorted(arguments) == sorted(OWNERS)
+    # The same builder makes a mix: ShardDataset's arguments are make_spec's, but the ranks.
+    assert set(inspect.signature(make_spec).parameters) == set(arguments) - {
+        "source",
+        "rank",
+        "world_size",
+    } | {
+        "sources",
+        "weights",
+    }
+
+
+@pytest.fixture(params=["one", "mix"])
+def dataset(request, packed_many, packed_few):
+    if request.param == "one":
+        return ShardDataset(packed_many, batch_size=8, seed=3, shuffle_buffer=40, transform=IDENTITY)
+    return MixedDataset(
+        [packed_many, packed_few], weights=[3, 1], batch_size=8, seed=3, shuffle_buffer=40, transform=IDENTITY
+    )
+
+
+def test_a_dataset_reads_its_settings_from_its_spec_and_holds_none(dataset):
+    spec = dataset.spec
+    assert dataset.__dict__.keys() == {"spec", "progress", "step_times"}
+    for name in (
+        "seed",
+        "batch_size",
+        "mode",
+        "on_error",
+        "decode_on",
+        "shuffle_buffer",
+        "transform",
+        "split",
+    ):
+        assert getattr(dataset, name) is getattr(spec, name), name
+    assert dataset.classes == list(spec.classes)
+    assert (spec.seed, spec.batch_size, spec.shuffle_buffer) == (3, 8, 40)
+    assert spec.batch_size == sum(p.share for p in spec.parts)
+    assert [p.seed for p in spec.parts] == [3 + i for i in range(len(spec.parts))]
+    # A part's order is computed from the part and the spec's settings, each held once.
+    layout = spec.layout(spec.parts[-1])
+    assert (layout.seed, layout.batch_size, layout.shuffle_buffer) == (
+        spec.parts[-1].seed,
+        spec.parts[-1].share,
+        40,
+    )
+    assert spec.resume_settings()["seed"] == 3 and spec.resume_settings()["batch_size"] == 8
