@@ -53,12 +53,13 @@ def worker_pass(
         # offload -> RawBatch: the batch's image bytes and labels, for the training process
         return offload_batches(raw, epoch=at.epoch, worker=at.worker, shared=pool is not None, clock=clock)
     on_corrupt = None if s.on_error == "raise" else counters.skip  # skip, count and warn
+    seed = s.seed
     # decode -> (k, [sample + image uint8 [3, H, W]]): decoded and transformed, torch's generator seeded
     #           per batch; with no image stage each image goes into its batch's buffer at once
     batches = decode_batches(
         raw,
         s.transform,
-        seed_of=lambda k: augment_seed(s.seed, at.epoch, at.rank, at.worker, k),
+        seed_of=lambda k: augment_seed(seed, at.epoch, at.rank, at.worker, k),
         restore=pool is None,
         on_corrupt=on_corrupt,
         clock=clock,
