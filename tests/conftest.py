@@ -15,6 +15,10 @@ from PIL import Image
 
 from imgshards.converter import PackConfig, pack
 
+# The remote tests' servers and the dataset they serve, one of each a session for both sides
+# (tests/loader/remote/, tests/converter/remote/, tests/test_remote_secrets.py).
+from .remote_servers import http_serve, remote_packed, remote_tree, s3, s3_endpoint  # noqa: F401
+
 # ../shared/tools/make_imagefolder.py cuts real photos into ImageFolder trees; CI has shared/ beside
 # the checkout. Without it (a clone elsewhere) the tests fall back to `_make_tree_without_photos`,
 # which keeps the same contract.

@@ -24,6 +24,10 @@
 
 - converter/ by stage (issue 45): no chain of imports inside converter/ longer than 8 modules
   (module-level and deferred imports; not those under ``if TYPE_CHECKING:``, which never run).
+- Tests mirror the code (issue 45): every module of converter/, loader/ and cli/ has its test file,
+  ``tests/<folder>/<sub>/test_<module>.py``, or is listed in ``TESTED_BY`` with the test file that
+  covers it (one that imports the module or names it); a listing of a module gone, or of one that
+  has its own test file now, fails too.
 
 Run as a script, it prints loader/'s import cycles, each import with its line and kind, and
 converter/'s longest import stack::
@@ -38,11 +42,12 @@ import hashlib
 import importlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from itertools import combinations, pairwise
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -1010,6 +1015,236 @@ def test_each_storage_protocol_is_named_in_one_place():
         "a storage protocol named outside its table (converter/format/protocols.py) and one reader in "
         "loader/; read the table instead:\n" + "\n".join(wrong)
     )
+
+
+# ---- tests mirror the code (issue 45) -----------------------------------------------------------
+
+# The modules of converter/, loader/ and cli/ without a test file of their own, each with the test
+# file that covers it: that file imports the module (by its name, or a name the module defines) or
+# names it (``loader/pipeline/steps.py``, ``imgshards.loader.pipeline.steps``; a ``__main__`` by
+# ``-m imgshards.cli``). A module given a test file of its own leaves this list.
+TESTED_BY = {
+    "cli/__main__.py": "tests/converter/shards/test_verify.py",
+    "cli/exits.py": "tests/cli/test_errors.py",
+    "cli/index.py": "tests/converter/shards/test_index.py",
+    "cli/info.py": "tests/cli/test_cli.py",
+    "cli/main.py": "tests/cli/test_cli.py",
+    "cli/options.py": "tests/cli/test_cli.py",
+    "cli/pack.py": "tests/cli/test_conventions.py",
+    "cli/storage.py": "tests/converter/remote/test_upload.py",
+    "cli/verify.py": "tests/converter/shards/test_verify.py",
+    "converter/config.py": "tests/converter/test_pack.py",
+    "converter/engines/engine.py": "tests/converter/engines/test_rayengine.py",
+    "converter/engines/pool.py": "tests/converter/test_pack_untrusted.py",
+    "converter/format/errors.py": "tests/converter/test_source_faults.py",
+    "converter/format/imagesizes.py": "tests/converter/plan/test_resizehint.py",
+    "converter/format/labels.py": "tests/test_tar_verdict.py",
+    "converter/format/locate.py": "tests/converter/format/test_protocols.py",
+    "converter/format/manifest.py": "tests/converter/format/test_validate.py",
+    "converter/format/remotefs.py": "tests/converter/format/test_protocols.py",
+    "converter/format/tables.py": "tests/loader/pipeline/test_offsets.py",
+    "converter/format/tarsamples.py": "tests/test_tar_verdict.py",
+    "converter/format/tarstream.py": "tests/test_tar_verdict.py",
+    "converter/plan/dryrun.py": "tests/cli/test_conventions.py",
+    "converter/plan/shards.py": "tests/converter/test_pack.py",
+    "converter/plan/tasks.py": "tests/converter/engines/test_rayengine.py",
+    "converter/remote/indexurl.py": "tests/converter/shards/test_index.py",
+    "converter/scan/reasons.py": "tests/converter/scan/test_check.py",
+    "converter/scan/sourcefiles.py": "tests/converter/test_source_faults.py",
+    "converter/shards/read.py": "tests/test_tar_verdict.py",
+    "converter/synthetic.py": "tests/cli/test_errors.py",
+    "converter/write/attempts.py": "tests/converter/engines/test_rayengine.py",
+    "converter/write/destination.py": "tests/converter/write/test_safefs.py",
+    "converter/write/failures.py": "tests/converter/test_source_faults.py",
+    "converter/write/shard.py": "tests/converter/test_source_faults.py",
+    "loader/dataloader.py": "tests/loader/test_dataset.py",
+    "loader/device/backends.py": "tests/loader/device/test_device_defects.py",
+    "loader/device/marks.py": "tests/loader/device/test_decoding.py",
+    "loader/device/memory.py": "tests/loader/device/test_device_defects.py",
+    "loader/device/streams.py": "tests/loader/device/test_device_cuda.py",
+    "loader/epoch/elastic.py": "tests/loader/test_elastic.py",
+    "loader/epoch/position.py": "tests/loader/pipeline/test_passes.py",
+    "loader/epoch/seeds.py": "tests/loader/epoch/test_order.py",
+    "loader/errors.py": "tests/loader/test_dataset.py",
+    "loader/image/pil_input.py": "tests/loader/test_pytorch_habits.py",
+    "loader/pipeline/batches.py": "tests/loader/test_stages.py",
+    "loader/pipeline/offload.py": "tests/loader/device/test_device_defects.py",
+    "loader/pipeline/steps.py": "tests/loader/profiling/test_profiling.py",
+    "loader/profiling/config.py": "tests/loader/profiling/test_profiling.py",
+    "loader/profiling/devicerun.py": "tests/cli/test_bench.py",
+    "loader/profiling/procstats.py": "tests/loader/profiling/test_profiling.py",
+    "loader/profiling/report.py": "tests/loader/profiling/test_profiling.py",
+    "loader/profiling/runner.py": "tests/loader/profiling/test_profiling.py",
+    "loader/state/buffers.py": "tests/loader/pipeline/test_collate.py",
+    "loader/state/cursor.py": "tests/loader/test_pytorch_habits.py",
+    "loader/state/progress.py": "tests/loader/test_lost_threshold.py",
+}
+
+
+def mirrored_test(module: str) -> str:
+    """The test file of ``module`` (``loader/pipeline/spec.py`` -> ``tests/loader/pipeline/test_spec.py``)."""
+    path = PurePosixPath(module)
+    return (PurePosixPath("tests") / path.parent / f"test_{path.name}").as_posix()
+
+
+def _dotted(module: str) -> str:
+    folder, *rest = PurePosixPath(module).with_suffix("").parts
+    return ".".join([FOLDERS[folder], *rest])
+
+
+def _defined_in(module: str, name: str) -> str | None:
+    """The module that defines ``module.name``, where it is a module, a class or a function."""
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if inspect.ismodule(value):
+        return value.__name__
+    return value.__module__ if inspect.isclass(value) or inspect.isfunction(value) else None
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """The modules a test file imports, wherever the import sits.
+
+    ``import imgshards.a.b``, ``from imgshards.a.b import x`` and ``from imgshards.a import b`` import
+    ``imgshards.a.b``; ``from imgshards.loader import ShardLoader`` imports the module that defines
+    ``ShardLoader``, ``from imgshards.loader import elastic`` the module a package holds under that
+    name. Relative imports (the tests' own helpers) are not counted.
+    """
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            if node.module.partition(".")[0] == "imgshards":
+                found |= {m for a in node.names if (m := _defined_in(node.module, a.name))}
+    return found
+
+
+def covers(test: Path, module: str) -> bool:
+    """Whether ``test`` imports ``module`` (a path from the root) or names it, by its path or its name."""
+    source = test.read_text()
+    dotted = _dotted(module)
+    named = [rf"(?<![\w./]){re.escape(module)}(?!\w)", rf"(?<![\w.]){re.escape(dotted)}(?!\w)"]
+    if PurePosixPath(module).stem == "__main__":  # what `python -m imgshards.cli` runs
+        named.append(rf"-m[\s\"',]+{re.escape(dotted.removesuffix('.__main__'))}(?![\w.])")
+    return dotted in imported_modules(ast.parse(source, str(test))) or any(
+        re.search(pattern, source) for pattern in named
+    )
+
+
+def mirror_offenders() -> list[str]:
+    """Modules with neither a test file of their own nor a listing in TESTED_BY that holds; stale listings."""
+    modules = sorted(
+        p.relative_to(ROOT).as_posix()
+        for folder in FOLDERS
+        for p in (ROOT / folder).rglob("*.py")
+        if p.name != "__init__.py"
+    )
+    wrong = []
+    for module in modules:
+        mirror, listed = mirrored_test(module), TESTED_BY.get(module)
+        if (ROOT / mirror).is_file():
+            if listed is not None:
+                wrong.append(f"{module}: {mirror} is its test now; take it out of TESTED_BY")
+        elif listed is None:
+            wrong.append(f"{module}: no {mirror}, and not in TESTED_BY")
+        elif not (listed.startswith("tests/") and PurePosixPath(listed).name.startswith("test_")):
+            wrong.append(f"{module}: TESTED_BY names {listed}, not a test file under tests/")
+        elif listed == "tests/test_layout.py":
+            wrong.append(f"{module}: TESTED_BY names tests/test_layout.py, which names every module it lists")
+        elif not (ROOT / listed).is_file():
+            wrong.append(f"{module}: TESTED_BY names {listed}, which does not exist")
+        elif not covers(ROOT / listed, module):
+            wrong.append(f"{module}: {listed} (TESTED_BY) neither imports nor names it")
+    wrong += [
+        f"{module}: in TESTED_BY, but there is no such module"
+        for module in sorted(TESTED_BY.keys() - set(modules))
+    ]
+    return wrong
+
+
+def test_every_module_has_its_test():
+    # A module's test is found by its name (issue 45): tests/ mirrors converter/, loader/ and cli/,
+    # and a module tested elsewhere says where, in TESTED_BY.
+    wrong = mirror_offenders()
+    assert not wrong, (
+        "a module without its test file (tests/<folder>/<sub>/test_<module>.py) or a listing in "
+        "TESTED_BY (tests/test_layout.py) naming the test that covers it:\n" + "\n".join(wrong)
+    )
+
+
+def test_the_mirror_rule_names_offenders(tmp_path, monkeypatch):
+    files = {
+        "loader/__init__.py": "",
+        "loader/epoch/order.py": "",  # its own test: fine
+        "loader/epoch/seeds.py": "",  # listed, and the test imports it: fine
+        "loader/pipeline/steps.py": "",  # listed, and the test names it: fine
+        "loader/pipeline/spec.py": "",  # neither its own test nor listed
+        "loader/state/cursor.py": "",  # listed, but it has its own test now
+        "loader/state/ranks.py": "",  # listed to a test that neither imports nor names it
+        "cli/__main__.py": "",  # listed, and the test runs `python -m imgshards.cli`: fine
+        "cli/info.py": "",  # listed to a test that does not exist
+        "cli/options.py": "",  # listed to a file that is no test
+        "converter/pack.py": "",  # listed to this file
+        "tests/loader/epoch/test_order.py": "from imgshards.loader.epoch import seeds\n",
+        "tests/loader/state/test_cursor.py": "",
+        "tests/loader/test_clock.py": '"""Times loader/pipeline/steps.py."""\nimport imgshards.loader\n',
+        "tests/cli/test_verify.py": 'run([sys.executable, "-m", "imgshards.cli", "verify"])\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(
+        globals(),
+        "TESTED_BY",
+        {
+            "loader/epoch/seeds.py": "tests/loader/epoch/test_order.py",
+            "loader/pipeline/steps.py": "tests/loader/test_clock.py",
+            "loader/state/cursor.py": "tests/loader/test_clock.py",
+            "loader/state/ranks.py": "tests/loader/test_clock.py",
+            "loader/epoch/gone.py": "tests/loader/epoch/test_order.py",
+            "cli/__main__.py": "tests/cli/test_verify.py",
+            "cli/info.py": "tests/cli/test_info_and_more.py",
+            "cli/options.py": "tests/conftest.py",
+            "converter/pack.py": "tests/test_layout.py",
+        },
+    )
+    assert mirror_offenders() == [
+        "cli/info.py: TESTED_BY names tests/cli/test_info_and_more.py, which does not exist",
+        "cli/options.py: TESTED_BY names tests/conftest.py, not a test file under tests/",
+        "converter/pack.py: TESTED_BY names tests/test_layout.py, which names every module it lists",
+        "loader/pipeline/spec.py: no tests/loader/pipeline/test_spec.py, and not in TESTED_BY",
+        "loader/state/cursor.py: tests/loader/state/test_cursor.py is its test now; take it out of TESTED_BY",
+        "loader/state/ranks.py: tests/loader/test_clock.py (TESTED_BY) neither imports nor names it",
+        "loader/epoch/gone.py: in TESTED_BY, but there is no such module",
+    ]
+
+
+def test_imported_modules_reads_every_form():
+    from imgshards.loader import ShardLoader
+
+    code = """
+import imgshards.loader.epoch.order
+from imgshards.loader.state.cursor import MAX_EPOCH
+from imgshards.loader.pipeline import steps
+from imgshards.loader import ShardLoader, elastic
+from .conftest import run
+def f():
+    import imgshards.cli.main as main
+"""
+    found = imported_modules(ast.parse(code))
+    assert {
+        "imgshards.loader.epoch.order",
+        "imgshards.loader.state.cursor",
+        "imgshards.loader.pipeline.steps",
+        ShardLoader.__module__,  # a name: the module that defines it
+        "imgshards.loader.epoch.elastic",  # a module the package holds under a name of its own
+        "imgshards.cli.main",  # in a function too
+    } <= found
+    assert not any(m.endswith("conftest") or m == "run" for m in found)  # the tests' own helpers
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ Every sample is then either counted alike by all three (index's count and per-cl
 passing, the loader delivering each sample once with its label), or refused by ``index`` with the
 reason, ``verify`` finding a problem in it too. The fuzz test at the end mixes the same member kinds
 at random.
+
+The one parser: converter/format/tarstream.py (the members), converter/format/tarsamples.py (the
+samples) and converter/format/labels.py (the one reading of a label member).
 """
 
 from __future__ import annotations

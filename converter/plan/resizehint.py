@@ -18,7 +18,7 @@ together (1.1 ms against 1.0 + 0.3 ms on a 512x683 JPEG here). Each image is tim
 thread's CPU clock, one thread, with the same views for both forms of it, and keeps the least of
 :data:`REPEATS` runs (a busy machine only adds time); the estimate is the ratio of the sums, so an
 epoch's worth. On the camera profile of ``make_imagefolder.py`` it is within 15% of the ratio a
-``ShardDataset`` measures (``tests/converter/test_sizes.py`` checks 30% on its own photos).
+``ShardDataset`` measures (``tests/converter/plan/test_resizehint.py`` checks 30% on its own photos).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from ..write.shard import stored_image
 
 # The loader decodes at 1/2 only images of this many pixels or more (loader/image/scaled.py, where
 # it is measured); the converter does not import the loader, so the figure is repeated here and
-# tests/converter/test_sizes.py holds the two equal.
+# tests/converter/plan/test_resizehint.py holds the two equal.
 HALF_FROM_PIXELS = 1 << 20
 
 __all__ = ["MUCH_LARGER", "REPEATS", "SAMPLED", "SUGGESTED_RESIZE", "TRAIN_SIZE", "ResizeHint", "resize_hint"]

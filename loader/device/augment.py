@@ -22,7 +22,7 @@ pixels go through one pass per group of images, doing what each view says:
 4. **Flip** by a mask, and back to ``uint8`` (rounded after the resize, truncated after the colour,
    as the per-image presets do).
 
-Against the per-image presets on the CPU (``tests/loader/test_augment.py``), for the same views:
+Against the per-image presets on the CPU (``tests/loader/device/test_augment.py``), for the same views:
 the mean absolute difference is under 2 levels of 255 and 99% of the values are within 8 levels
 (the filter differs where the image is sharp; crop boxes, flips and colour are the same).
 """

@@ -291,7 +291,7 @@ def _replay(
     slot's last item written, found from the last steps' slots, with numpy; what remains a step is
     the merge's pick, from numbers drawn a block at a time. 0.1 us an item where the generators take
     0.6: a resume at the end of a 10M-sample epoch replays all of it (issue 37).
-    tests/loader/test_shuffle.py holds it to :func:`worker_order`, item by item.
+    tests/loader/epoch/test_order.py holds it to :func:`worker_order`, item by item.
 
     The items of the last ``tail`` full steps are kept (default: 64 buffers' worth, or 256 Ki): a
     slot not written in them (odds under ``size * e**-64``) raises :class:`_TailTooShort`.

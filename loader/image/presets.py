@@ -369,7 +369,7 @@ class ResizeCenterCrop(Preset):
         # The whole image is resized, as torchvision does: a resize of only the centre region would
         # shift the sampling grid by a fraction of a pixel, and eval numbers should match torchvision's.
         # Its kernel, called as v2.functional.resize calls it, and center_crop's offsets, pixel for
-        # pixel (tests/loader/test_presets.py), without their wrappers: 27 us an image less (7%).
+        # pixel (tests/loader/image/test_presets.py), without their wrappers: 27 us an image less (7%).
         # The reduced path needs no whole-image resize: Pillow clips a box's filter at the image's
         # edges, not the box's, so the view's box of it is the same sampling grid.
         new_h, new_w, top, left = self._resized(height, width)

@@ -1,4 +1,8 @@
-"""The CLI through click's CliRunner: exit codes and one-line errors, no tracebacks."""
+"""The CLI through click's CliRunner: exit codes and one-line errors, no tracebacks.
+
+``info`` runs here (cli/info.py), and the parameter types the commands share (cli/options.py:
+``--shard-size`` and its units).
+"""
 
 import json
 import tarfile

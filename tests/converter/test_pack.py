@@ -1,3 +1,5 @@
+"""``pack`` end to end: the shards as converter/plan/shards.py plans them, the index, reruns, checks."""
+
 import io
 import json
 import os

@@ -3,8 +3,8 @@
 Every ``iter()`` is a whole pass (a peek or a ``break`` never shortens the next one), a plain
 ``DataLoader(ds, batch_size=None)`` gets a new order each pass with or without ``set_epoch``,
 ``DataLoader(ds, batch_size=N)`` fails at the first batch in one line naming the fix, and
-transforms written for ``ImageFolder`` (PIL in, ``ToTensor``/``Normalize``) or torchvision v2
-(``ToDtype(torch.float32)``) work.
+transforms written for ``ImageFolder`` (PIL in, ``ToTensor``/``Normalize``: loader/image/pil_input.py)
+or torchvision v2 (``ToDtype(torch.float32)``) work.
 """
 
 from __future__ import annotations

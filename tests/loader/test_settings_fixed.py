@@ -2,8 +2,8 @@
 
 Before, ``ds.shuffle_buffer = 5`` after construction changed what a resume checked but not the order
 (the frozen settings a pass reads were made in ``__init__``). Now every setting is a read-only view of
-the dataset's spec: setting one raises a one-line :class:`SettingFixedError` (a ``ConfigError`` and an
-``AttributeError``) naming the way to make a new
+the dataset's spec (loader/pipeline/spec.py): setting one raises a one-line :class:`SettingFixedError`
+(a ``ConfigError`` and an ``AttributeError``) naming the way to make a new
 dataset, and the order, the batches and the resume state are those of the settings it was made with.
 ``ImageFolder`` keeps torchvision's contract instead: ``ds.transform = ...`` is honoured there.
 """

@@ -3,6 +3,9 @@
 Shards written by webdataset's ShardWriter and indexed by ``imgshards index`` (``.cls`` ids and a
 ``.json`` holding the class name); images untransformed, so each maps back to its sample by its
 pixels. Ranks are emulated with ``rank=`` / ``world_size=`` (test_stages_distributed.py runs gloo).
+
+A batch is cut before a user stage runs (loader/pipeline/batches.py): train mode makes up what a
+filter drops, eval counts it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """``pack --engine ray`` on a real local Ray cluster: the pool's bytes, through lost nodes and drivers.
 
+The engine is picked by converter/engines/engine.py; each attempt at a shard writes a temporary file
+of its own (converter/write/attempts.py).
+
 One cluster for the module (``ray.cluster_utils.Cluster``): a head with no CPU, so every task runs on
 one of two 1-CPU nodes, and health checks fast enough that a killed node is declared dead in about
 two seconds. The test that kills a node runs last: the others need both nodes.

@@ -1,9 +1,10 @@
 """pack never writes or deletes through a link planted under its destination (issue 21, case 1).
 
 A symbolic link is planted at every path pack writes or removes (the list below is taken from the
-code: destination.py, pack.py, write.py), pointing into a decoy tree outside DST that holds the
-very names pack would write there. Whatever pack does then (replace the link, or refuse with one
-line naming it), the decoy's checksums are the same after as before.
+code: converter/write/destination.py, converter/pack.py, converter/write/shard.py), pointing into a
+decoy tree outside DST that holds the very names pack would write there. Whatever pack does then
+(replace the link, or refuse with one line naming it), the decoy's checksums are the same after as
+before.
 """
 
 from __future__ import annotations

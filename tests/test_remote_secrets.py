@@ -21,6 +21,8 @@ from imgshards.cli.main import cli
 from imgshards.converter import read_manifest
 from imgshards.converter.format.locate import redact_url
 
+from .remote_servers import _no_aws_env  # noqa: F401  (autouse: as in the remote folders)
+
 PASSWORD = "PASSWORD-s3cr3t"
 
 

@@ -157,7 +157,7 @@ def test_decode_calls_are_cut_to_the_memory_bound(packed_many):
     loader = make_loader(ds, num_workers=0)
     got = list(loader)
     assert_same(got, device_batches(packed_many, **kw))  # the cut changes nothing in the output
-    stats = loader.decoder.stats
+    stats = loader.decoder.stats  # what the decoder did (loader/device/marks.py)
     assert stats.batches == len(got) == 15 and stats.images == 115
     assert stats.decode_calls == 14 * 4 + 2  # 2 images a call: 4 per batch of 8, 2 for the last 3
     assert 0 < stats.peak_bytes <= stats.bound_bytes

@@ -4,20 +4,22 @@ The HTTP server serves a directory with ``Range`` support and an ETag (as nginx:
 logs every request, adds a fixed latency, and can be told to misbehave once for a given file: cut
 the connection halfway through a response, answer 503, 403 or 404, stall past the client's timeout,
 or replace the file with other bytes once a response is sent.
+
+Both sides use them: the loader's remote tests (tests/loader/remote/), the converter's
+(tests/converter/remote/) and tests/test_remote_secrets.py. This is a module, not a conftest, so
+that each side can reach it: tests/conftest.py takes its fixtures (one moto server and one
+``remote_packed`` a session), and the remote tests' conftests take ``_no_aws_env``, autouse there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import http.server
 import logging
 import os
 import re
 import socket
 import sys
-import tarfile
 import threading
 import time
 import uuid
@@ -26,20 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
-
-from imgshards.converter import read_manifest
-from imgshards.loader import preset
-from imgshards.loader.image.decode import decode
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
-
-
-def pytest_configure(config):
-    # As in tests/loader: torchvision 0.29 deprecates the codecs the loader decodes with.
-    config.addinivalue_line(
-        "filterwarnings", "ignore:The image decoding and encoding capabilities:DeprecationWarning"
-    )
 
 
 @dataclass
@@ -238,29 +228,6 @@ def _no_aws_env(monkeypatch):
             monkeypatch.delenv(name)
 
 
-@pytest.fixture(scope="session")
-def cache_bytes():
-    """``cache_bytes(dir)``: bytes of the files in a cache directory, added up under its lock.
-
-    Under the lock no file appears or is renamed, so the sum is a snapshot (a partial file aborted
-    meanwhile may go, which only lowers it).
-    """
-
-    def total(cache: Path) -> int:
-        with open(cache / ".lock", "a") as lock:
-            fcntl.lockf(lock, fcntl.LOCK_EX)
-            return sum(_size(entry) for entry in os.scandir(cache))
-
-    return total
-
-
-def _size(entry: os.DirEntry) -> int:
-    try:
-        return entry.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 REMOTE_SHARD_SIZE = 30_000
 
 
@@ -274,27 +241,3 @@ def remote_tree(tree_factory) -> Path:
 def remote_packed(remote_tree, packed_factory) -> Path:
     """``remote_tree`` packed locally into shards of ~30 kB (do not modify it)."""
     return packed_factory(remote_tree, shard_size=REMOTE_SHARD_SIZE)
-
-
-SIZE = 32  # eval preset at 32 px: deterministic, so a batch image maps back to its sample key
-
-
-def pixel_hash(image: torch.Tensor) -> str:
-    return hashlib.sha1(image.contiguous().numpy().tobytes()).hexdigest()
-
-
-@pytest.fixture(scope="session")
-def key_of(remote_packed) -> dict[str, str]:
-    """Pixel hash (after the eval preset) -> sample key, for every sample of ``remote_packed``."""
-    transform = preset("eval", size=SIZE)
-    out: dict[str, str] = {}
-    for shard in read_manifest(remote_packed).split("train").shards:
-        with tarfile.open(remote_packed / shard.name) as tar:
-            for member in tar:
-                key, ext = member.name.split(".", 1)
-                if ext in ("cls", "json"):
-                    continue
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                out[pixel_hash(transform(decode(data, ext)))] = key
-    assert len(out) == read_manifest(remote_packed).split("train").samples, "two images look alike"
-    return out

@@ -1,4 +1,8 @@
-"""``imgshards index``: an index for shards that webdataset's ShardWriter wrote, read, never written."""
+"""``imgshards index``: an index for shards that webdataset's ShardWriter wrote, read, never written.
+
+Through the library and the command (cli/index.py); at a URL, the index is written by
+converter/remote/indexurl.py.
+"""
 
 import hashlib
 import json

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .conftest import serving
+from ...remote_servers import serving
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 

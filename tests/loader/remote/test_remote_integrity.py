@@ -28,7 +28,8 @@ from imgshards.loader.errors import ShardAccessError
 from imgshards.loader.remote import RetryPolicy
 from imgshards.loader.remote.objects import RemoteObject
 
-from .conftest import SIZE, pixel_hash, serving
+from ...remote_servers import serving
+from .conftest import SIZE, pixel_hash
 from .test_remote_dataset import CHUNK
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)

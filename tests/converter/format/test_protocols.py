@@ -16,7 +16,7 @@ from imgshards.converter.format import protocols
 from imgshards.converter.format.locate import is_url, local_path, url_typo
 from imgshards.converter.format.remotefs import Remote, with_timeouts
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_each_scheme_is_in_one_entry():

@@ -33,8 +33,8 @@ CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 needs_two = pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 
-# The batched augment against the workers' per-image presets (tests/loader/test_augment.py), plus
-# nvjpeg's IDCT against libjpeg-turbo's: in uint8 levels.
+# The batched augment against the workers' per-image presets (tests/loader/device/test_augment.py),
+# plus nvjpeg's IDCT against libjpeg-turbo's: in uint8 levels.
 MEAN_TOLERANCE, P99_TOLERANCE = 2.5, 10
 
 

@@ -151,6 +151,7 @@ def test_pack_to_a_filesystem_without_atomic_puts(remote_tree):
     fs.rm("/imgshards-test", recursive=True)
 
 
+# The commands on a URL: the path-or-URL argument and --storage-option (-o) of cli/storage.py.
 def test_cli_pack_info_verify_on_a_url(s3, remote_tree):
     bucket, options = s3
     url = f"{bucket}/cli/"
