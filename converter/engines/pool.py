@@ -48,7 +48,7 @@ PER_CORE = 2
 
 
 def worker_count(asked: int | None, work: int | None = None) -> int:
-    """How many worker processes to start: the one cap on ``-j`` for ``pack`` and ``verify``.
+    """How many workers to start: the one cap on ``-j`` for ``pack``, ``verify`` and ``index``.
 
     ``asked`` (``None``: one per core, :func:`default_workers`), but at most ``work`` (the
     tasks there are, when known: a worker with none is a fork for nothing), at most

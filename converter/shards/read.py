@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 
-from ..engines.pool import default_workers, start_pool
+from ..engines.pool import start_pool, worker_count
 from ..format.errors import DestinationError, ManifestError, ShardFormatError, SourceError, UnsafeFileError
 from ..format.locate import redact_url, shown_cause
 from ..format.manifest import (
@@ -176,7 +176,8 @@ class ShardStore:
 
         ``label_field``: labels are in this field of each ``.json`` (None: in ``.cls``).
         """
-        workers = min(workers or default_workers(), len(names))
+        # Capped as pack's and verify's -j are: at the shards there are and at what the machine allows.
+        workers = worker_count(workers, len(names))
         if self.url:
             futures = self._scan_threads(names, label_field, max(workers, 4))
         else:

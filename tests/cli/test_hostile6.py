@@ -162,6 +162,38 @@ def test_pack_with_100000_workers_forks_a_handful(tmp_path):
     assert run("verify", tmp_path / "out", "-q").exit_code == 0
 
 
+def _most_processes(cmd: list[str]) -> tuple[int, subprocess.Popen[bytes], bytes]:
+    """Run ``cmd``, counting its descendants; stop it whole past ``_TOO_MANY`` (RLIMIT_NPROC spares root)."""
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    most = 0
+    while proc.poll() is None and most < _TOO_MANY:
+        most = max(most, len(_descendants(proc.pid)))
+        time.sleep(0.02)
+    if most >= _TOO_MANY:
+        os.killpg(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate()
+    return most, proc, err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="counts processes in /proc")
+def test_index_with_100000_workers_forks_a_handful(tmp_path):
+    # index read its shards with min(-j, shards) processes: -j 100000 over 100 shards forked 100.
+    src = tmp_path / "src"
+    for name in ("cat", "dog"):
+        _images(src / name, 50)
+    assert run("pack", src, tmp_path / "packed", "--max-samples", "1", "-q").exit_code == 0
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for shard in (tmp_path / "packed").glob("*.tar"):
+        shutil.copy(shard, foreign / shard.name)
+    assert len(list(foreign.glob("*.tar"))) == 100
+    most, proc, err = _most_processes([*IMGSHARDS, "index", str(foreign), "-j", "100000", "-q"])
+    cores = len(os.sched_getaffinity(0))
+    assert most <= 2 * cores + 2, most  # 2 a core (pool.PER_CORE), and multiprocessing's helpers
+    assert proc.returncode == 0, err.decode()
+    assert run("verify", foreign, "-q").exit_code == 0
+
+
 # ---- 9: a split named twice ---------------------------------------------------------------------
 
 
