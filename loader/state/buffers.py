@@ -11,8 +11,6 @@ itself is :mod:`..pipeline.collate`'s.
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -24,7 +22,6 @@ __all__ = [
     "forget_buffers",
     "keep_buffer",
     "kept_buffer",
-    "new_shared",
     "pool_token",
 ]
 
@@ -173,7 +170,7 @@ def _trailer(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def _new_buffer(nbytes: int, token: int) -> torch.UntypedStorage:
-    storage = new_shared(_capacity(nbytes))
+    storage = torch.UntypedStorage._new_shared(_capacity(nbytes))
     _trailer(storage).copy_(torch.tensor([_MAGIC, token], device="cpu"))
     return storage
 
@@ -191,28 +188,3 @@ def pool_token(images: torch.Tensor) -> int | None:
         return None
     magic, token = _trailer(storage).tolist()
     return token if magic == _MAGIC and token >= 0 else None
-
-
-def new_shared(nbytes: int) -> torch.UntypedStorage:
-    """A storage of ``nbytes`` in shared memory, made whole even if the process is told to end meanwhile.
-
-    torch makes it as a named segment in ``/dev/shm`` (``torch_<pid>_...``), maps it and unlinks the
-    name, all in one call. A SIGTERM inside that call killed the process with the name still there,
-    and the memory with it, until the next reboot: multiprocessing terminates the DataLoader workers
-    that way as a training process ends on Ctrl-C, and 1 run in 25 left a segment behind
-    (``bench/shm_on_exit.py``). In the main thread a SIGTERM that comes during the call is held
-    until the call returns, the name gone, then delivered as it came: the process ends by SIGTERM,
-    or the handler it had runs. Elsewhere (another thread, a handler not set from Python) as before.
-    """
-    # Not in another thread (signal handlers are the main thread's), nor over a handler set outside
-    # Python (getsignal: None), which could not be put back.
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
-        return torch.UntypedStorage._new_shared(nbytes)
-    held: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
-    try:
-        return torch.UntypedStorage._new_shared(nbytes)
-    finally:
-        signal.signal(signal.SIGTERM, previous)  # a SIGTERM pending till now is held first
-        if held:
-            signal.raise_signal(signal.SIGTERM)
