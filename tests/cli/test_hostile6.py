@@ -138,30 +138,6 @@ def _descendants(pid: int) -> set[int]:
 _TOO_MANY = 64  # descendants at which the test stops a run that forks without bound
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="counts processes in /proc")
-def test_pack_with_100000_workers_forks_a_handful(tmp_path):
-    src = tmp_path / "src"
-    for name in ("cat", "dog"):
-        _images(src / name, 30)  # 60 images: one shard
-    proc = subprocess.Popen(
-        [*IMGSHARDS, "pack", str(src), str(tmp_path / "out"), "-j", "100000", "-q"],
-        start_new_session=True,  # a run that forks without bound is stopped whole (RLIMIT_NPROC spares root)
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    most = 0
-    while proc.poll() is None and most < _TOO_MANY:
-        most = max(most, len(_descendants(proc.pid)))
-        time.sleep(0.02)
-    if most >= _TOO_MANY:
-        os.killpg(proc.pid, signal.SIGKILL)
-    _, err = proc.communicate()
-    cores = len(os.sched_getaffinity(0))
-    assert most <= 2 * cores + 2, most  # 2 a core (pool.PER_CORE), and multiprocessing's helpers
-    assert proc.returncode == 0, err.decode()
-    assert run("verify", tmp_path / "out", "-q").exit_code == 0
-
-
 def _most_processes(cmd: list[str]) -> tuple[int, subprocess.Popen[bytes], bytes]:
     """Run ``cmd``, counting its descendants; stop it whole past ``_TOO_MANY`` (RLIMIT_NPROC spares root)."""
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -173,6 +149,20 @@ def _most_processes(cmd: list[str]) -> tuple[int, subprocess.Popen[bytes], bytes
         os.killpg(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     return most, proc, err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="counts processes in /proc")
+def test_pack_with_100000_workers_forks_a_handful(tmp_path):
+    src = tmp_path / "src"
+    for name in ("cat", "dog"):
+        _images(src / name, 30)  # 60 images: one shard
+    most, proc, err = _most_processes(
+        [*IMGSHARDS, "pack", str(src), str(tmp_path / "out"), "-j", "100000", "-q"]
+    )
+    cores = len(os.sched_getaffinity(0))
+    assert most <= 2 * cores + 2, most  # 2 a core (pool.PER_CORE), and multiprocessing's helpers
+    assert proc.returncode == 0, err.decode()
+    assert run("verify", tmp_path / "out", "-q").exit_code == 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="counts processes in /proc")
