@@ -1075,7 +1075,6 @@ TESTED_BY = {
     "loader/profiling/procstats.py": "tests/loader/profiling/test_profiling.py",
     "loader/profiling/report.py": "tests/loader/profiling/test_profiling.py",
     "loader/profiling/runner.py": "tests/loader/profiling/test_profiling.py",
-    "loader/state/buffers.py": "tests/loader/pipeline/test_collate.py",
     "loader/state/cursor.py": "tests/loader/test_pytorch_habits.py",
     "loader/state/progress.py": "tests/loader/test_lost_threshold.py",
 }

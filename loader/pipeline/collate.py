@@ -13,7 +13,7 @@ import torch
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ..errors import BatchingError, ConfigError
-from ..state.buffers import Batch, BufferPool, SentBatch
+from ..state.buffers import Batch, BufferPool, SentBatch, new_shared
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -122,7 +122,7 @@ def _stacked(images: Sequence[torch.Tensor], *, shared: bool) -> torch.Tensor:
     first = images[0]
     if not shared:
         return torch.stack(list(images))
-    storage = torch.UntypedStorage._new_shared(len(images) * first.numel() * first.element_size())
+    storage = new_shared(len(images) * first.numel() * first.element_size())
     out = torch.empty(0, dtype=first.dtype, device="cpu").set_(storage).view(len(images), *first.shape)
     return torch.stack(list(images), out=out)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..state.buffers import shared_tensor
 from .collate import IMAGENET_MEAN, IMAGENET_STD, refuse_default_collate
 from .tar import image_member, sample_shard
 
@@ -156,22 +157,25 @@ def raw_batch(
     """Pack sample dicts into a :class:`RawBatch`; with ``shared``, its bytes in shared memory."""
     exts = [image_member(s) for s in samples]
     images = [s[ext] if ext else b"" for s, ext in zip(samples, exts, strict=True)]
-    sizes = [len(data) for data in images]
-    offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    total = int(offsets[-1])
-    if shared:
-        storage = torch.UntypedStorage._new_shared(max(total, 1))
-        data = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage, 0, (total,), (1,))
+    labels = [int(s["__label__"]) for s in samples]
+    n, total = len(samples), sum(len(data) for data in images)
+    if shared:  # made shared here: torch would share each tensor on its way out by a /dev/shm name
+        data, offsets = shared_tensor((total,), torch.uint8), shared_tensor((n + 1,), torch.int64)
+        label_ids = shared_tensor((n,), torch.int64)
     else:
         data = torch.empty(total, dtype=torch.uint8, device="cpu")
+        offsets = torch.zeros(n + 1, dtype=torch.int64, device="cpu")
+        label_ids = torch.empty(n, dtype=torch.int64, device="cpu")
+    label_ids.numpy()[:] = labels
+    ends = offsets.numpy()
+    np.cumsum([len(data) for data in images], out=ends[1:])
     out = data.numpy()
-    for image, start, stop in zip(images, offsets[:-1], offsets[1:], strict=True):
+    for image, start, stop in zip(images, ends[:-1], ends[1:], strict=True):
         out[start:stop] = np.frombuffer(image, dtype=np.uint8)
     return RawBatch(
         data=data,
-        offsets=torch.from_numpy(offsets),
-        labels=torch.tensor([int(s["__label__"]) for s in samples], dtype=torch.int64, device="cpu"),
+        offsets=offsets,
+        labels=label_ids,
         exts=tuple(exts),
         keys=tuple(str(s.get("__key__")) for s in samples),
         shards=tuple(sample_shard(s) for s in samples),

@@ -34,6 +34,8 @@ from typing import TypeVar
 import torch
 from torch.utils.data import get_worker_info
 
+from ..state.buffers import shared_tensor
+
 __all__ = [
     "AUGMENT",
     "COLLATE",
@@ -74,7 +76,7 @@ class StepTimes:
 
     def __init__(self, workers: int) -> None:
         # float64 holds counts and pids exactly (below 2**53).
-        self.table = torch.zeros((max(workers, 1), _COLUMNS), dtype=torch.float64).share_memory_()
+        self.table = shared_tensor((max(workers, 1), _COLUMNS), torch.float64)
 
     def clock(self) -> StepClock:
         """Return a clock writing to the row of the calling process (its DataLoader worker id)."""

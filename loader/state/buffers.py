@@ -11,9 +11,12 @@ itself is :mod:`..pipeline.collate`'s.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any, NamedTuple
 
 import torch
+import torch.multiprocessing
 
 __all__ = [
     "Batch",
@@ -22,7 +25,9 @@ __all__ = [
     "forget_buffers",
     "keep_buffer",
     "kept_buffer",
+    "new_shared",
     "pool_token",
+    "shared_tensor",
 ]
 
 
@@ -41,6 +46,8 @@ class Batch(NamedTuple):
     images: torch.Tensor
     labels: torch.Tensor
 
+
+_MEMFD = hasattr(os, "memfd_create")  # Linux; elsewhere torch's shared memory
 
 _TRAILER = 16  # bytes after a pooled batch: (magic, token), two int64
 _MAGIC = 0x696D6773_68617264  # "imgshard"
@@ -170,7 +177,7 @@ def _trailer(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def _new_buffer(nbytes: int, token: int) -> torch.UntypedStorage:
-    storage = torch.UntypedStorage._new_shared(_capacity(nbytes))
+    storage = new_shared(_capacity(nbytes))
     _trailer(storage).copy_(torch.tensor([_MAGIC, token], device="cpu"))
     return storage
 
@@ -188,3 +195,40 @@ def pool_token(images: torch.Tensor) -> int | None:
         return None
     magic, token = _trailer(storage).tolist()
     return token if magic == _MAGIC and token >= 0 else None
+
+
+def new_shared(nbytes: int) -> torch.UntypedStorage:
+    """A CPU storage of ``nbytes`` in shared memory that never has a name in ``/dev/shm``.
+
+    torch's own (``UntypedStorage._new_shared``) creates ``/dev/shm/torch_<pid>_...``, allocates
+    its pages and unlinks the name, all in one call (8 ms for a 38 MB batch). A process killed inside
+    that call leaves the segment and its memory behind until the next reboot: multiprocessing
+    terminates the DataLoader workers that way as a training process ends on Ctrl-C, and 1 run in 25
+    left one (``bench/shm_on_exit.py``). So under the ``file_descriptor`` sharing strategy (Linux's
+    default) the storage is a memfd: it has no name, and its memory goes with the last process that
+    maps it, however that process ends. torch sends it to another process by its descriptor, as it
+    does its own. Under ``file_system`` (where torch_shm_manager removes the names) or without
+    ``memfd_create``, torch's own.
+    """
+    if nbytes == 0:  # torch sends an empty storage as such, without shared memory
+        return torch.UntypedStorage(0, device="cpu")
+    if not _MEMFD or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return torch.UntypedStorage._new_shared(nbytes)
+    fd = os.memfd_create("imgshards", os.MFD_CLOEXEC)
+    try:
+        # The pages now, as torch does: memory that is not there fails here, not as a SIGBUS later.
+        os.posix_fallocate(fd, 0, nbytes)
+        # What torch makes of a descriptor it receives (reductions.rebuild_storage_fd): maps a dup of it.
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+    # The storage keeps its dup open, without close-on-exec: a program this process runs gets none.
+    os.set_inheritable(storage._share_fd_cpu_()[0], False)
+    return storage
+
+
+def shared_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous CPU tensor in shared memory made by :func:`new_shared`: zeros, as new pages are."""
+    itemsize = torch.empty(0, dtype=dtype, device="cpu").element_size()
+    storage = new_shared(math.prod(shape) * itemsize)
+    return torch.empty(0, dtype=dtype, device="cpu").set_(storage).view(shape)

@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import CorruptImageError, ResumeError
-from .buffers import BufferPool, forget_buffers, keep_buffer, kept_buffer
+from .buffers import BufferPool, forget_buffers, keep_buffer, kept_buffer, shared_tensor
 
 __all__ = [
     "CORRUPT",
@@ -311,7 +311,7 @@ class SharedControl:
     """The epoch cursor, the skip counters and the batch-buffer flags of one dataset, in shared memory."""
 
     def __init__(self) -> None:
-        self._t = torch.zeros(_SIZE, dtype=torch.int64).share_memory_()
+        self._t = shared_tensor((_SIZE,), torch.int64)
         self.cursor = EpochCursor(self._t)
         # The name of this dataset's batch buffers in the main process (made there, pickled to workers).
         self.name = f"{os.getpid()}-{next(_CONTROLS)}"
