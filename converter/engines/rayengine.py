@@ -76,7 +76,10 @@ def _call(fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return fn(*args, **kwargs)
 
 
-_run_remote: Any = ray.remote(max_retries=MAX_RETRIES)(_run)
+# Shard tasks spread over the nodes, as Ray Data spreads its reads. By default Ray fills one node
+# first and hands a leased worker task after task: a node whose worker started late could write no
+# shard at all, and a cluster packed at one node's speed.
+_run_remote: Any = ray.remote(max_retries=MAX_RETRIES, scheduling_strategy="SPREAD")(_run)
 _call_remote: Any = ray.remote(max_retries=MAX_RETRIES)(_call)
 
 
