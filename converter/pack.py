@@ -36,7 +36,7 @@ from .format.formats import main_format
 from .format.imagesizes import SizeStats, size_stats
 from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .format.tables import TABLES
-from .format.validate import check_index
+from .format.validate import MAX_INDEX_BYTES, MAX_INDEX_SAMPLES, MIN_SAMPLE_INDEX_BYTES
 from .plan.resizehint import ResizeHint, resize_hint
 from .plan.shards import Plan, estimated_sample_bytes, shard_name
 from .plan.splits import Part, read_split_file
@@ -112,6 +112,7 @@ def pack(
             log.info("scanned %d files in %.1f s", len(scan), time.perf_counter() - started)
             check_classes(dst_path, names, scan)
             parts = split_parts(scan, config, listed)
+            _check_index_room(parts, dst_path)
             # The disk-order gather reads the tree on one host: on a cluster each task reads its files.
             wanted = ReadOrder(config.read_order) if engine.gathers else ReadOrder.PLAN
             order = choose_read_order(wanted, scan)
@@ -354,13 +355,25 @@ def _finish(
         splits.update(infos)
         manifest = Manifest(scan.classes, splits)
         try:  # never commit an index that its readers (info, verify, the loader) would refuse
-            check_index(manifest.to_json(), f"the index of {dst}")
+            manifest.check_readable(f"the index of {dst}")
         except ManifestError as e:
             raise SourceError(
                 str(e).replace("; re-pack the dataset", "; nothing was written to the index")
             ) from None
         write_index(dst, manifest)
     return manifest
+
+
+def _check_index_room(parts: list[Part], dst: Path) -> None:
+    """Refuse at once a tree whose index could not be read: too many samples for one dataset."""
+    samples = sum(len(part.scan) for part in parts)
+    if samples * MIN_SAMPLE_INDEX_BYTES > MAX_INDEX_BYTES:
+        raise SourceError(
+            f"the index of {dst} would be over {MAX_INDEX_BYTES >> 20} MiB for {samples:,} samples "
+            f"({MIN_SAMPLE_INDEX_BYTES} bytes each at least), more than a reader accepts (about "
+            f"{MAX_INDEX_SAMPLES / 1e6:.0f} M samples); pack the tree as several datasets, a range of "
+            "classes each, and read them together with MixedDataset"
+        )
 
 
 def _shard_info(record: ShardRecord) -> ShardInfo:

@@ -60,7 +60,7 @@ from .locate import (
 )
 from .remotefs import no_credentials, one_line
 from .tables import BLOCK, TABLES, decode_table
-from .validate import MAX_INDEX_BYTES, check_index, check_name, open_regular, parse_index
+from .validate import MAX_INDEX_BYTES, MAX_INDEX_SAMPLES, check_index, check_name, open_regular, parse_index
 
 __all__ = [
     "FORMAT_NAME",
@@ -278,6 +278,24 @@ class Manifest:
     def dumps(self) -> str:
         """Serialize to the exact text written to ``index.json`` (deterministic)."""
         return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+
+    def check_readable(self, where: str) -> None:
+        """Raise :class:`ManifestError` unless a reader would accept this index as written.
+
+        A writer's last check (``pack``, ``imgshards index``): the text :meth:`dumps` gives goes
+        through what :func:`read_manifest` runs on the file, its bounds included, so an index too
+        large to read is never committed after hours of packing.
+        """
+        data = self.dumps().encode()
+        if len(data) > MAX_INDEX_BYTES:
+            samples = sum(split.samples for split in self.splits.values())
+            raise ManifestError(
+                f"{where} would be {len(data) / 2**20:,.0f} MiB for {samples:,} samples, over the "
+                f"{MAX_INDEX_BYTES >> 20} MiB a reader accepts (about {MAX_INDEX_SAMPLES / 1e6:.0f} M "
+                "samples); pack the tree as several datasets, a range of classes each, and read them "
+                "together with MixedDataset"
+            )
+        Manifest.from_json(parse_index(data, where), where=where)
 
     def timm_info(self) -> dict[str, Any]:
         """Return the ``_info.json`` that timm's webdataset reader (``ReaderWds``) reads."""

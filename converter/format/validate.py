@@ -46,11 +46,13 @@ from .tables import TABLES, keys_problem, labels_problem, offsets_problem, sourc
 __all__ = [
     "MAX_DEPTH",
     "MAX_INDEX_BYTES",
+    "MAX_INDEX_SAMPLES",
     "MAX_INDEX_VALUES",
     "MAX_SHARD_BYTES",
     "MAX_SIDE",
     "MAX_SPLIT_NAME",
     "MIN_SAMPLE_BYTES",
+    "MIN_SAMPLE_INDEX_BYTES",
     "SPLIT_CHARS",
     "check_index",
     "check_name",
@@ -60,7 +62,12 @@ __all__ = [
     "split_name_error",
 ]
 
-MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~1 MB
+MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~28 MB
+# What a sample adds to the index: its start, class id and key digest, 4 bytes each in base64 (16),
+# and its compressed source path (6 for ImageNet's names). So a tree of over MAX_INDEX_BYTES / 16
+# images cannot be packed into one dataset, and one of over MAX_INDEX_SAMPLES likely cannot.
+MIN_SAMPLE_INDEX_BYTES = 16
+MAX_INDEX_SAMPLES = MAX_INDEX_BYTES // 22
 # Values and keys json.loads may build: each costs up to ~80 bytes of objects ([{"a":"bc"},...] is 3
 # of them in 11 bytes), so they are counted in the bytes first and an index at the size bound costs
 # under 2 GB, not tens. A shard entry is 9 or 10 of them: this is ~1.7 M shards.

@@ -33,7 +33,7 @@ from ..format.errors import DestinationError, ManifestError, SourceError, Unread
 from ..format.locate import redact_url
 from ..format.manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
 from ..format.tables import encode_table
-from ..format.validate import check_index, split_name_error
+from ..format.validate import split_name_error
 from .read import ShardScan, ShardStore, Value
 
 __all__ = ["MADE_BY", "IndexConfig", "IndexResult", "index", "read_classes"]
@@ -191,7 +191,7 @@ def index(
     others = {k: v for k, v in (existing.splits if existing else {}).items() if k != config.split}
     manifest = Manifest(classes=classes, splits={**others, config.split: split})
     try:  # never write an index that its readers would refuse
-        check_index(manifest.to_json(), f"the index of {shown}")
+        manifest.check_readable(f"the index of {shown}")
     except ManifestError as e:
         raise SourceError(str(e).replace("; re-pack the dataset", "")) from None
     store.write(manifest)

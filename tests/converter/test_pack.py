@@ -1,5 +1,6 @@
 """``pack`` end to end: the shards as converter/plan/shards.py plans them, the index, reruns, checks."""
 
+import importlib
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import webdataset as wds
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
+import imgshards.converter.format.manifest as manifest
 from imgshards.converter import (
     DestinationError,
     PackConfig,
@@ -211,3 +213,28 @@ def test_many_shards_keys_sort_by_imagefolder_index(tiny_packed):
     )
     assert keys == list(range(40))
     assert np.all(np.diff(keys) == 1)
+
+
+def test_a_tree_too_large_for_one_index_is_refused_before_a_shard_is_written(
+    tiny_tree, tmp_path, monkeypatch
+):
+    # The bound scaled down to tiny_tree (a 17 M-image tree is no test): 16 bytes a sample at least.
+    packing = importlib.import_module("imgshards.converter.pack")  # the module, not the function
+    n = sum(1 for p in tiny_tree.rglob("*") if p.is_file())
+    monkeypatch.setattr(packing, "MAX_INDEX_BYTES", 16 * n - 1)
+    with pytest.raises(SourceError, match=rf"over 0 MiB for {n:,} samples .*MixedDataset$") as e:
+        pack(tiny_tree, tmp_path / "out")
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "out").rglob("*.tar"))
+
+
+def test_an_index_its_readers_would_refuse_is_never_committed(tiny_tree, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(manifest, "MAX_INDEX_BYTES", 256)  # what read_manifest and info accept, scaled down
+    with pytest.raises(SourceError, match=r"the index of .* would be 0 MiB for \d+ samples, over the 0 MiB a reader accepts"):
+        pack(tiny_tree, out)
+    assert list(out.glob("*.tar")) and not (out / "index.json").exists()
+    monkeypatch.undo()
+    result = pack(tiny_tree, out)  # the shards written are kept: the run resumes
+    assert result.shards_written == 0 and result.shards_reused > 0
+    assert read_manifest(out).splits["train"].samples
