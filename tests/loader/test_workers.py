@@ -7,13 +7,17 @@ alive, real hung forks (an at-fork handler that blocks), and real dead workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,19 +201,47 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _where(pid: int) -> str:
+    """A live process's state and the kernel function it waits in, for a failure to name."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return f"{pid} ({state}, waiting in {Path(f'/proc/{pid}/wchan').read_text() or '-'})"
+    except OSError:
+        return f"{pid} (gone)"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
-def test_workers_end_with_the_training_process(packed_many, how, method):
+def test_workers_end_with_the_training_process(packed_many, how, method, tmp_path):
     # Forked workers watch their parent (DataLoader's own watchdog); a forkserver's, the trainer
-    # (make_loader's worker_init_fn), as the server outlives it.
-    done = run(KILLED, packed_many, how, "-" if method == "fork" else method, timeout=180)
-    started = json.loads(done.stdout)
-    assert started["method"] == method and len(started["workers"]) == 2
-    deadline = time.monotonic() + 10
-    while any(map(alive, started["workers"])) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(map(alive, started["workers"])), f"workers left behind after {how}"
+    # (make_loader's worker_init_fn), as the server outlives it. The workers inherit the trainer's
+    # stdout: the test waits for the trainer's end, not for the pipe's, then for the workers'.
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        trainer = subprocess.Popen(
+            [sys.executable, "-c", KILLED, str(packed_many), how, "-" if method == "fork" else method],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,  # its process group: whatever is left is killed at the end
+        )
+    try:
+        ready, _, _ = select.select([trainer.stdout], [], [], 180)
+        assert ready, f"the trainer printed nothing in 180 s: {errors.read_text()[-2000:]}"
+        started = json.loads(trainer.stdout.readline())
+        assert started["method"] == method and len(started["workers"]) == 2
+        assert trainer.wait(timeout=60) == -getattr(signal, how)
+        deadline = time.monotonic() + 10
+        while any(map(alive, started["workers"])) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [_where(pid) for pid in started["workers"] if alive(pid)]
+        assert not left, f"workers left behind after {how}: {', '.join(left)}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+        trainer.stdout.close()
 
 
 def test_an_error_from_a_worker_reaches_the_loop_as_its_one_line(packed_corrupt):
