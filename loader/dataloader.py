@@ -312,12 +312,14 @@ def _own_line(error: ImgshardsError) -> ImgshardsError:
 def _end_with(owner: int, worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: end this worker when process ``owner``, which started it, ends.
 
-    DataLoader's own watchdog notices only the death of the worker's parent, and the parent of a worker
-    started from a forkserver is the server, which lives on as long as any of its workers does: a
-    training process killed (SIGKILL, SIGTERM, ``os._exit``) would leave them running for ever, holding
-    its pipes and cache files (:func:`~.remote.cache.end_with`).
+    DataLoader's own watchdog is not enough. It notices only the death of the worker's parent, and the
+    parent of a worker started from a forkserver is the server, which lives on as long as any of its
+    workers does. And it takes the parent to watch from the worker's first pass on: a forked worker
+    whose training process was killed (SIGKILL, SIGTERM, ``os._exit``) while the worker was still
+    starting its pass (under load, with a first batch already from another worker) took pid 1 for
+    its parent and waited for work for ever, holding the trainer's pipes (1 run of the workers test
+    in many). So every worker watches its owner from here (:func:`~.remote.cache.end_with`: a
+    thread waiting on a pidfd), which also ends one killed while it waits on the network.
     """
     del worker_id
-    if os.getppid() == owner:
-        return  # forked by the owner itself: DataLoader's watchdog sees it end
     end_with(owner)

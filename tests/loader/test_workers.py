@@ -178,11 +178,17 @@ def test_a_negative_timeout_is_refused(packed_many, timeout):
 
 
 KILLED = """
-import json, os, signal, sys, threading, torch
+import json, os, signal, sys, threading, time, torch
 from imgshards.loader import ShardDataset, make_loader
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # a trainer's thread
 context = None if sys.argv[3] == "-" else sys.argv[3]
-ds = ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity())
+class SlowStart(ShardDataset):  # worker 1 still starting its pass when the trainer ends
+    def __iter__(self):
+        if torch.utils.data.get_worker_info().id == 1:
+            time.sleep(4)
+        return super().__iter__()
+dataset = SlowStart if sys.argv[4] == "slow" else ShardDataset
+ds = dataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity())
 loader = make_loader(ds, num_workers=2, multiprocessing_context=context)
 next(iter(loader))
 workers = [p.pid for p in loader.dataloader._iterator._workers]
@@ -210,21 +216,20 @@ def _where(pid: int) -> str:
         return f"{pid} (gone)"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-@pytest.mark.parametrize("method", ["fork", "forkserver"])
-def test_workers_end_with_the_training_process(packed_many, how, method, tmp_path):
-    # Forked workers watch their parent (DataLoader's own watchdog); a forkserver's, the trainer
-    # (make_loader's worker_init_fn), as the server outlives it. The workers inherit the trainer's
-    # stdout: the test waits for the trainer's end, not for the pipe's, then for the workers'.
+def _kill_trainer(packed: Path, how: str, method: str, start: str, tmp_path: Path) -> None:
+    """Run KILLED: a trainer that takes a batch from 2 workers, then ends by ``how``; its workers must end.
+
+    The workers inherit the trainer's stdout: this waits for the trainer's end, not for the pipe's,
+    then for the workers'; whatever is left of its process group is killed at the end.
+    """
     errors = tmp_path / "stderr"
     with errors.open("w") as stderr:
         trainer = subprocess.Popen(
-            [sys.executable, "-c", KILLED, str(packed_many), how, "-" if method == "fork" else method],
+            [sys.executable, "-c", KILLED, str(packed), how, "-" if method == "fork" else method, start],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            start_new_session=True,  # its process group: whatever is left is killed at the end
+            start_new_session=True,
         )
     try:
         ready, _, _ = select.select([trainer.stdout], [], [], 180)
@@ -242,6 +247,21 @@ def test_workers_end_with_the_training_process(packed_many, how, method, tmp_pat
             os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait()
         trainer.stdout.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_end_with_the_training_process(packed_many, how, method, tmp_path):
+    # Forked workers watch their parent (DataLoader's own watchdog); a forkserver's, the trainer
+    # (make_loader's worker_init_fn), as the server outlives it.
+    _kill_trainer(packed_many, how, method, "-", tmp_path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_still_starting_its_pass_ends_with_the_training_process(packed_many, tmp_path):
+    # DataLoader's watchdog takes the worker's parent as its pass starts: by then pid 1, for ever.
+    _kill_trainer(packed_many, "SIGKILL", "fork", "slow", tmp_path)
 
 
 def test_an_error_from_a_worker_reaches_the_loop_as_its_one_line(packed_corrupt):
