@@ -231,7 +231,9 @@ def test_a_tree_too_large_for_one_index_is_refused_before_a_shard_is_written(
 def test_an_index_its_readers_would_refuse_is_never_committed(tiny_tree, tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(manifest, "MAX_INDEX_BYTES", 256)  # what read_manifest and info accept, scaled down
-    with pytest.raises(SourceError, match=r"the index of .* would be 0 MiB for \d+ samples, over the 0 MiB a reader accepts"):
+    with pytest.raises(
+        SourceError, match=r"the index of .* would be 0 MiB for \d+ samples, over the 0 MiB a reader accepts"
+    ):
         pack(tiny_tree, out)
     assert list(out.glob("*.tar")) and not (out / "index.json").exists()
     monkeypatch.undo()

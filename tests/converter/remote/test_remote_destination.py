@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -39,11 +40,15 @@ def the_error(result) -> str:
 
 
 @pytest.fixture
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released: the kernel refuses connections)."""
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on: bound, not listening, so the kernel refuses connections.
+
+    Held for the test: a port released at once may be taken by another process's server meanwhile
+    (tests run two at a time), which then answers, slowly, instead of refusing.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def test_an_unreachable_endpoint(remote_tree, closed_port, tmp_path):

@@ -74,11 +74,12 @@ def _made_by(names: list[str], pids: set[int]) -> list[str]:
 @linux_only
 @pytest.mark.parametrize("decode_on", [None, "cpu"], ids=["batches", "raw-batches"])
 def test_two_epochs_of_two_workers_never_name_a_segment_in_dev_shm(packed_few, decode_on):
+    before = _children()  # the workers of loaders before this one may live on
     with ShmWatch() as watch:
         dataset = ShardDataset(packed_few, batch_size=4, transform="resnet", decode_on=decode_on)
         loader = make_loader(dataset, num_workers=2)
         kept = [batch for epoch in range(2) for batch in loader]  # held: the pools make one-off buffers too
-        workers = _children()
+        workers = _children() - before
         torch.UntypedStorage._new_shared(64)  # the control: torch's own sharing names a segment
         created = watch.created()
     assert len(workers) == 2 and kept
@@ -95,10 +96,11 @@ def _labels(batches) -> list[int]:
 def test_a_plain_dataloader_with_spawned_workers_names_no_segment_either(packed_few):
     dataset = ShardDataset(packed_few, batch_size=4, transform="resnet")
     expected = _labels(DataLoader(dataset, batch_size=None))
+    before = _children()
     with ShmWatch() as watch:
         batches = iter(DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
         got = [next(batches)]
-        workers = _children()
+        workers = _children() - before
         got += list(batches)
         created = watch.created()
     assert len(workers) >= 2 and _labels(got) == expected  # and a resource tracker, spawned
