@@ -1,14 +1,16 @@
 """Ctrl-C to a training loop, again and again: does a ``/dev/shm/torch_*`` segment outlive it? Run by hand.
 
-Each run starts a loop over ``make_loader(ShardDataset(PACKED), num_workers=2)`` in a fresh process,
-sends it SIGINT after a random 3 to 7 s (seeded: the same delays every time), waits for it to end,
-and lists the ``torch_*`` segments left in ``/dev/shm`` (then removes them, so each run counts its
-own). ``--at REF`` runs the loop on git ref REF instead (``bench/loader.py``'s ``install_ref``).
-Before ``new_shared`` (``loader/state/buffers.py``) made the batch buffers as memfds, which have no
-name to leave, 1 run in 25 left one::
+Each run starts a loop over a ``ShardDataset`` with 2 workers in a fresh process, sends it SIGINT
+after a random 3 to 7 s (seeded: the same delays every time), waits for it to end, and lists the
+``torch_*`` segments left in ``/dev/shm`` (then removes them, so each run counts its own).
+``--loader dataloader`` (the default) loops over a plain ``DataLoader``, whose workers make a new
+buffer for every batch (a ``ShardLoader`` recycles them, so its workers make few);
+``--loader make_loader`` over ``make_loader``'s. ``--against REF`` runs the same loop on git ref
+REF (``bench/loader.py``'s ``install_ref``) after each run of this checkout, with the same delay.
+Before ``new_shared`` (``loader/state/buffers.py``) made the shared buffers as memfds, which have no
+name to leave, 1 run in 25 left one under load::
 
-    python bench/shm_on_exit.py /tmp/inet5k-shards --runs 100
-    python bench/shm_on_exit.py /tmp/inet5k-shards --runs 100 --at bc91b27
+    python bench/shm_on_exit.py /tmp/inet5k-shards --runs 40 --against bc91b27
 """
 
 from __future__ import annotations
@@ -24,14 +26,26 @@ import tempfile
 import time
 from pathlib import Path
 
-LOOP = """
+LOOPS = {
+    "dataloader": """
+import sys
+from torch.utils.data import DataLoader
+from imgshards.loader import ShardDataset
+dataset = ShardDataset(sys.argv[1], batch_size=256, transform="resnet")
+loader = DataLoader(dataset, batch_size=None, num_workers=2)
+for epoch in range(1000):
+    for images, labels in loader:
+        pass
+""",
+    "make_loader": """
 import sys
 from imgshards.loader import ShardDataset, make_loader
 loader = make_loader(ShardDataset(sys.argv[1], batch_size=64, transform="resnet"), num_workers=2)
 for epoch in range(1000):
     for images, labels in loader:
         pass
-"""
+""",
+}
 
 
 def install_ref(ref: str, where: Path) -> Path:
@@ -43,10 +57,10 @@ def install_ref(ref: str, where: Path) -> Path:
     return bench_loader.install_ref(ref, where)
 
 
-def interrupted(python: str, packed: str, after: float) -> tuple[int, list[str]]:
+def interrupted(python: str, loop_code: str, packed: str, after: float) -> tuple[int, list[str]]:
     """One loop, interrupted after ``after`` s: its exit status and the segments it left."""
     loop = subprocess.Popen(
-        [python, "-c", LOOP, packed],
+        [python, "-c", loop_code, packed],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         # A shell's background job starts with SIGINT ignored: give the loop Python's own Ctrl-C.
@@ -69,19 +83,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("packed", help="a packed dataset")
     p.add_argument("--runs", type=int, default=50)
-    p.add_argument("--at", metavar="REF", help="run the loop on git ref REF instead of this checkout")
+    p.add_argument("--loader", choices=sorted(LOOPS), default="dataloader")
+    p.add_argument("--against", metavar="REF", help="also run the loop on git ref REF, alternating")
     args = p.parse_args()
     if list(Path("/dev/shm").glob("torch_*")):
         sys.exit("/dev/shm holds torch_* segments already: another torch job runs here; run this alone")
     rng = random.Random(0)
     with tempfile.TemporaryDirectory(prefix="imgshards-shm-") as tmp:
-        python = str(install_ref(args.at, Path(tmp))) if args.at else sys.executable
-        runs_left = 0
+        pythons = {"this checkout": sys.executable}
+        if args.against:
+            pythons[args.against] = str(install_ref(args.against, Path(tmp)))
+        runs_left = dict.fromkeys(pythons, 0)
         for i in range(args.runs):
-            code, left = interrupted(python, args.packed, rng.uniform(3, 7))
-            runs_left += bool(left)
-            print(f"run {i}: exit {code}, left {len(left)} {' '.join(left)}", flush=True)
-    print(f"{runs_left} of {args.runs} runs left a segment in /dev/shm ({args.at or 'this checkout'})")
+            after = rng.uniform(3, 7)
+            for name, python in pythons.items():
+                code, left = interrupted(python, LOOPS[args.loader], args.packed, after)
+                runs_left[name] += bool(left)
+                print(f"run {i} ({name}): exit {code}, left {len(left)} {' '.join(left)}", flush=True)
+    for name, n in runs_left.items():
+        print(f"{name}: {n} of {args.runs} runs left a segment in /dev/shm (--loader {args.loader})")
 
 
 if __name__ == "__main__":
