@@ -13,7 +13,6 @@ median of each side::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import statistics
 import subprocess
@@ -21,15 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-
-def install_ref(ref: str, where: Path) -> Path:
-    """``bench/loader.py``'s ``install_ref``: REF's three folders on a PYTHONPATH, and a python for them."""
-    spec = importlib.util.spec_from_file_location("bench_loader", Path(__file__).with_name("loader.py"))
-    assert spec and spec.loader
-    bench_loader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_loader)
-    return bench_loader.install_ref(ref, where)
 
 
 def one(packed: str, preset: str, images: int) -> float:
@@ -63,6 +53,8 @@ def main() -> None:
         print(one(args.packed, args.preset, args.images))
         return
     with tempfile.TemporaryDirectory(prefix="imgshards-pass-cpu-") as tmp:
+        from loader import install_ref  # bench/loader.py's: git archive of REF, on PYTHONPATH
+
         ref = install_ref(args.against, Path(tmp))
         sides = {"this": Path(sys.executable), args.against: ref}
         cmd = [__file__, args.packed, "--against", args.against, "--preset", args.preset]

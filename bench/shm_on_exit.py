@@ -16,7 +16,6 @@ name to leave, 1 run in 25 left one under load::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import random
 import signal
@@ -46,15 +45,6 @@ for epoch in range(1000):
         pass
 """,
 }
-
-
-def install_ref(ref: str, where: Path) -> Path:
-    """``bench/loader.py``'s ``install_ref``: REF's three folders on a PYTHONPATH, and a python for them."""
-    spec = importlib.util.spec_from_file_location("bench_loader", Path(__file__).with_name("loader.py"))
-    assert spec and spec.loader
-    bench_loader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_loader)
-    return bench_loader.install_ref(ref, where)
 
 
 def interrupted(python: str, loop_code: str, packed: str, after: float) -> tuple[int, list[str]]:
@@ -92,6 +82,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="imgshards-shm-") as tmp:
         pythons = {"this checkout": sys.executable}
         if args.against:
+            from loader import install_ref  # bench/loader.py's: git archive of REF, on PYTHONPATH
+
             pythons[args.against] = str(install_ref(args.against, Path(tmp)))
         runs_left = dict.fromkeys(pythons, 0)
         for i in range(args.runs):

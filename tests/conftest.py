@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
 import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,11 @@ import pytest
 from PIL import Image
 
 from imgshards.converter import PackConfig, pack
+
+try:
+    import fcntl
+except ImportError:  # Windows: no file locks of this kind, and no -n in its CI
+    fcntl = None  # type: ignore[assignment]
 
 # The remote tests' servers and the dataset they serve, one of each a session for both sides
 # (tests/loader/remote/, tests/converter/remote/, tests/test_remote_secrets.py).
@@ -83,6 +90,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if PHOTO_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.photos)
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked_exclusive(request, tmp_path_factory) -> Iterator[None]:
+    """Under ``pytest -n 2``, a test marked ``exclusive`` (it times something) runs with no other test.
+
+    Every test holds a shared lock while it runs, an exclusive one the lock alone; a gate taken on
+    the way in stops new tests while an exclusive one waits, so it is never starved. The lock files
+    sit in the run's temporary directory, which the two worker processes share. Without ``-n`` (or
+    without ``fcntl``) nothing is locked: tests run one at a time anyway.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ or fcntl is None:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # .../pytest-N: the workers' basetemps are below it
+    mode = fcntl.LOCK_EX if request.node.get_closest_marker("exclusive") else fcntl.LOCK_SH
+    with (shared / "imgshards-gate").open("a") as gate, (shared / "imgshards-lock").open("a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, mode)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # the lock goes with the file, closed here
 
 
 @pytest.fixture(scope="session")

@@ -346,6 +346,7 @@ def _eval_pass(ds: Path) -> tuple[int, int, float, float]:
     return int(images), int(skipped), int(peak_kib) / 1024, float(seconds)
 
 
+@pytest.mark.exclusive  # times it
 @pytest.mark.timeout(300)
 def test_a_pass_over_the_three_bombs_costs_no_more_memory_and_skips_each(tiny_packed, tmp_path):
     """Issue 21's acceptance: the bombs in a shard packed elsewhere, an eval pass in 2 DataLoader

@@ -92,6 +92,7 @@ HINT = re.compile(
 )
 
 
+@pytest.mark.exclusive  # times it
 def test_pack_prints_sizes_and_an_estimate_within_30_percent_of_the_loaders_speedup(camera_tree, tmp_path):
     out = cli_run("pack", str(camera_tree), str(tmp_path / "as-is"), "--workers", "2")
     assert "  image sizes: median 4000x3000, 95th percentile 4000x3000 (20 images)\n" in out

@@ -51,6 +51,7 @@ def closed_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
+@pytest.mark.exclusive  # times it
 def test_an_unreachable_endpoint(remote_tree, closed_port, tmp_path):
     endpoint = f"http://127.0.0.1:{closed_port}"
     opts = {"key": "k", "secret": "s", "endpoint_url": endpoint}
@@ -64,6 +65,7 @@ def test_an_unreachable_endpoint(remote_tree, closed_port, tmp_path):
     assert not (tmp_path / "st").exists()  # failed before staging anything
 
 
+@pytest.mark.exclusive  # times it
 def test_a_missing_bucket(s3, remote_tree):
     _, opts = s3
     result, elapsed = pack_cli(str(remote_tree), "s3://no-such-bucket/x", *options(opts))
@@ -75,6 +77,7 @@ def test_a_missing_bucket(s3, remote_tree):
         pack_to_url(remote_tree, "s3://no-such-bucket/x", PackConfig(), storage_options=opts)
 
 
+@pytest.mark.exclusive  # times it
 def test_no_credentials(s3, remote_tree, monkeypatch, tmp_path):
     bucket, opts = s3
     # No key, no secret, nothing in the environment or in a credentials file (the fixture clears AWS_*).

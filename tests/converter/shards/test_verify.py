@@ -65,6 +65,7 @@ def write_index_of_missing_shards(root, count: int) -> None:
     )
 
 
+@pytest.mark.exclusive  # times it
 def test_a_million_missing_shards_are_summed_up_in_one_report_within_a_minute(tmp_path):
     root = tmp_path / "gone"
     write_index_of_missing_shards(root, 1_000_000)

@@ -40,6 +40,7 @@ def test_reads_the_object_in_ranged_chunks(http_serve, tmp_path, blob):
     assert ranges == expected  # each byte requested once, no request for the size
 
 
+@pytest.mark.exclusive  # times it
 def test_first_bytes_come_before_the_object_has_arrived(http_serve, tmp_path, blob):
     base, state = http_serve(tmp_path, latency=0.05)
     r = reader(f"{base}/blob.bin", len(blob), readahead=1)

@@ -50,6 +50,7 @@ def test_the_deadline_is_two_timeouts_plus_the_bytes_at_the_floor_speed():
     assert RETRY.patience(TIMEOUT, 30_000) == pytest.approx(2 * (4 + 30_000 / MIN_RATE) + 0.05)
 
 
+@pytest.mark.exclusive  # times it
 @pytest.mark.timeout(60)  # a wait without an end fails here, not after pytest's 5 minutes
 @pytest.mark.parametrize("cached", [False, True], ids=["streamed", "cached"])
 @pytest.mark.parametrize("kind", ["stall", "trickle"])
@@ -69,6 +70,7 @@ def test_a_server_that_stalls_or_trickles_ends_the_pass_in_one_line(remote_packe
     assert hits.count("train-000000.tar") == RETRY.attempts
 
 
+@pytest.mark.exclusive  # times it
 @pytest.mark.timeout(60)
 def test_a_trickling_shard_is_skipped_and_counted_with_on_error_skip(remote_packed):
     bad = read_manifest(remote_packed).split("train").shards[1]
@@ -85,6 +87,7 @@ def test_a_trickling_shard_is_skipped_and_counted_with_on_error_skip(remote_pack
     assert took < 2 * RETRY.patience(TIMEOUT, bad.bytes) + 5  # + the other shards, read at once
 
 
+@pytest.mark.exclusive  # times it
 def test_a_redirect_off_http_fails_at_the_first_request(remote_packed):
     with hostile_server(remote_packed, "redirect", (".tar",), location="file:///etc/passwd") as (base, hits):
         source = ShardSource(base, timeout=TIMEOUT)  # the default 6 tries

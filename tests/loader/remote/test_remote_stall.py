@@ -60,6 +60,7 @@ def dataset(src: ShardSource, **kwargs) -> ShardDataset:
 # ---- the loader ---------------------------------------------------------------------------------
 
 
+@pytest.mark.exclusive  # times it
 def test_a_stall_raises_shard_read_error_after_the_retries_in_train_mode(serve, remote_packed):
     base = serve(remote_packed, stall=(".tar",))
     ds = dataset(source(base), mode="train", on_error="raise")
@@ -70,6 +71,7 @@ def test_a_stall_raises_shard_read_error_after_the_retries_in_train_mode(serve, 
     assert ATTEMPTS * TIMEOUT <= took < ATTEMPTS * TIMEOUT + SLACK
 
 
+@pytest.mark.exclusive  # times it
 def test_a_stalled_shard_is_counted_unreadable_in_eval_mode(serve, remote_packed):
     shards = read_manifest(remote_packed).split("train").shards
     bad = shards[2]
@@ -128,6 +130,7 @@ def one_line_error(result) -> str:
     return lines[0]
 
 
+@pytest.mark.exclusive  # times it
 @pytest.mark.parametrize(("command", "stall"), [("info", "index.json"), ("verify", ".tar")])
 def test_info_and_verify_on_a_stalled_url_end_in_one_line(serve, remote_packed, command, stall):
     base = serve(remote_packed, stall=(stall,))
