@@ -32,7 +32,7 @@ def _first(lines: list[str], predicate) -> int:
 
 def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     commands = _setup_commands()
-    assert commands == ['pip install -e ".[dev]" && imgshards demo', "python -m pytest"]
+    assert commands == ['pip install -e ".[dev]" && imgshards demo', "python -m pytest -n 2"]
     ci = _ci_lines()
     for command in commands:
         assert command in ci, f"the README's {command!r} is not what .ci/run runs"
@@ -64,7 +64,7 @@ def test_ci_first_runs_the_user_install_and_the_demo_without_the_dev_extra():
 
 def test_ci_runs_them_in_a_fresh_clone_with_no_shared_beside_it():
     ci = _ci_lines()
-    install, test = ci.index('pip install -e ".[dev]" && imgshards demo'), ci.index("python -m pytest")
+    install, test = ci.index('pip install -e ".[dev]" && imgshards demo'), ci.index("python -m pytest -n 2")
     clone = _first(ci, lambda line: line.startswith("git clone "))
     assert ci[clone].endswith('"$checkout" "$clone"')
     cd = _first(ci, lambda line: line == 'cd "$clone"')
