@@ -98,21 +98,26 @@ def _alone_when_marked_exclusive(request, tmp_path_factory) -> Iterator[None]:
 
     Every test holds a shared lock while it runs, an exclusive one the lock alone; a gate taken on
     the way in stops new tests while an exclusive one waits, so it is never starved. The lock files
-    sit in the run's temporary directory, which the two worker processes share. Without ``-n`` (or
-    without ``fcntl``) nothing is locked: tests run one at a time anyway.
+    sit in the run's temporary directory, which the two worker processes share. POSIX record locks
+    (``lockf``), not ``flock``: a process forked during a test (a persistent DataLoader worker that
+    outlives it) would inherit an ``flock`` and hold it for ever. Without ``-n`` (or without
+    ``fcntl``) nothing is locked: tests run one at a time anyway.
     """
     if "PYTEST_XDIST_WORKER" not in os.environ or fcntl is None:
         yield
         return
     shared = tmp_path_factory.getbasetemp().parent  # .../pytest-N: the workers' basetemps are below it
     mode = fcntl.LOCK_EX if request.node.get_closest_marker("exclusive") else fcntl.LOCK_SH
-    with (shared / "imgshards-gate").open("a") as gate, (shared / "imgshards-lock").open("a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
+    with (shared / "imgshards-gate").open("a+") as gate, (shared / "imgshards-lock").open("a+") as lock:
+        fcntl.lockf(gate, fcntl.LOCK_EX)
         try:
-            fcntl.flock(lock, mode)
+            fcntl.lockf(lock, mode)
         finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        yield  # the lock goes with the file, closed here
+            fcntl.lockf(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.lockf(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,19 @@ import pytest
 import torch
 
 from imgshards.loader import CorruptImageError, ShardDataset, make_loader
+from imgshards.loader.pipeline import tar
 
 IDENTITY = torch.nn.Identity()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_budget_of_member_looks(monkeypatch):
+    """A process reads a shard again for a message's file name 64 times at most (``tar._member``).
+
+    The tests before these in the same process (two files at a time under ``pytest -n 2``) may have
+    spent it; these start from a fresh budget, as a training process does.
+    """
+    monkeypatch.setattr(tar, "_member_looks", 0)
 
 
 @pytest.fixture(scope="module")
