@@ -158,7 +158,8 @@ def raw_batch(
     exts = [image_member(s) for s in samples]
     images = [s[ext] if ext else b"" for s, ext in zip(samples, exts, strict=True)]
     labels = [int(s["__label__"]) for s in samples]
-    n, total = len(samples), sum(len(data) for data in images)
+    sizes = [len(data) for data in images]
+    n, total = len(samples), sum(sizes)
     if shared:  # made shared here: torch would share each tensor on its way out by a /dev/shm name
         data, offsets = shared_tensor((total,), torch.uint8), shared_tensor((n + 1,), torch.int64)
         label_ids = shared_tensor((n,), torch.int64)
@@ -168,7 +169,7 @@ def raw_batch(
         label_ids = torch.empty(n, dtype=torch.int64, device="cpu")
     label_ids.numpy()[:] = labels
     ends = offsets.numpy()
-    np.cumsum([len(data) for data in images], out=ends[1:])
+    np.cumsum(sizes, out=ends[1:])
     out = data.numpy()
     for image, start, stop in zip(images, ends[:-1], ends[1:], strict=True):
         out[start:stop] = np.frombuffer(image, dtype=np.uint8)
