@@ -36,7 +36,7 @@ from .format.formats import main_format
 from .format.imagesizes import SizeStats, size_stats
 from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .format.tables import TABLES
-from .format.validate import MAX_INDEX_BYTES, MAX_INDEX_SAMPLES, MIN_SAMPLE_INDEX_BYTES
+from .format.validate import MAX_INDEX_BYTES, MIN_SAMPLE_INDEX_BYTES, TOO_LARGE_FOR_ONE_INDEX
 from .plan.resizehint import ResizeHint, resize_hint
 from .plan.shards import Plan, estimated_sample_bytes, shard_name
 from .plan.splits import Part, read_split_file
@@ -370,9 +370,8 @@ def _check_index_room(parts: list[Part], dst: Path) -> None:
     if samples * MIN_SAMPLE_INDEX_BYTES > MAX_INDEX_BYTES:
         raise SourceError(
             f"the index of {dst} would be over {MAX_INDEX_BYTES >> 20} MiB for {samples:,} samples "
-            f"({MIN_SAMPLE_INDEX_BYTES} bytes each at least), more than a reader accepts (about "
-            f"{MAX_INDEX_SAMPLES / 1e6:.0f} M samples); pack the tree as several datasets, a range of "
-            "classes each, and read them together with MixedDataset"
+            f"({MIN_SAMPLE_INDEX_BYTES} bytes each at least), more than a reader accepts "
+            f"{TOO_LARGE_FOR_ONE_INDEX}"
         )
 
 

@@ -60,7 +60,14 @@ from .locate import (
 )
 from .remotefs import no_credentials, one_line
 from .tables import BLOCK, TABLES, decode_table
-from .validate import MAX_INDEX_BYTES, MAX_INDEX_SAMPLES, check_index, check_name, open_regular, parse_index
+from .validate import (
+    MAX_INDEX_BYTES,
+    TOO_LARGE_FOR_ONE_INDEX,
+    check_index,
+    check_name,
+    open_regular,
+    parse_index,
+)
 
 __all__ = [
     "FORMAT_NAME",
@@ -291,9 +298,7 @@ class Manifest:
             samples = sum(split.samples for split in self.splits.values())
             raise ManifestError(
                 f"{where} would be {len(data) / 2**20:,.0f} MiB for {samples:,} samples, over the "
-                f"{MAX_INDEX_BYTES >> 20} MiB a reader accepts (about {MAX_INDEX_SAMPLES / 1e6:.0f} M "
-                "samples); pack the tree as several datasets, a range of classes each, and read them "
-                "together with MixedDataset"
+                f"{MAX_INDEX_BYTES >> 20} MiB a reader accepts {TOO_LARGE_FOR_ONE_INDEX}"
             )
         Manifest.from_json(parse_index(data, where), where=where)
 

@@ -54,6 +54,7 @@ __all__ = [
     "MIN_SAMPLE_BYTES",
     "MIN_SAMPLE_INDEX_BYTES",
     "SPLIT_CHARS",
+    "TOO_LARGE_FOR_ONE_INDEX",
     "check_index",
     "check_name",
     "check_relative_path",
@@ -68,6 +69,11 @@ MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~28 MB
 # images cannot be packed into one dataset, and one of over MAX_INDEX_SAMPLES likely cannot.
 MIN_SAMPLE_INDEX_BYTES = 16
 MAX_INDEX_SAMPLES = MAX_INDEX_BYTES // 22
+# The end of a writer's refusal of a tree too large for one index: how large, and what to do.
+TOO_LARGE_FOR_ONE_INDEX = (
+    f"(about {MAX_INDEX_SAMPLES / 1e6:.0f} M samples); pack the tree as several datasets, a range of "
+    "classes each, and read them together with MixedDataset"
+)
 # Values and keys json.loads may build: each costs up to ~80 bytes of objects ([{"a":"bc"},...] is 3
 # of them in 11 bytes), so they are counted in the bytes first and an index at the size bound costs
 # under 2 GB, not tens. A shard entry is 9 or 10 of them: this is ~1.7 M shards.

@@ -253,8 +253,8 @@ def _kill_trainer(packed: Path, how: str, method: str, start: str, tmp_path: Pat
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_workers_end_with_the_training_process(packed_many, how, method, tmp_path):
-    # Forked workers watch their parent (DataLoader's own watchdog); a forkserver's, the trainer
-    # (make_loader's worker_init_fn), as the server outlives it.
+    # Every worker watches the trainer (make_loader's worker_init_fn): a forkserver's parent is the
+    # server, which outlives it, and DataLoader's own watchdog starts late (the next test).
     _kill_trainer(packed_many, how, method, "-", tmp_path)
 
 

@@ -16,6 +16,7 @@ import struct
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -61,10 +62,7 @@ class ShmWatch:
 
 def _children() -> set[int]:
     """The live child processes of this one (its DataLoader workers)."""
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        pids.update(int(pid) for pid in (task / "children").read_text().split())
-    return pids
+    return {p.pid for p in psutil.Process().children()}
 
 
 def _made_by(names: list[str], pids: set[int]) -> list[str]:
