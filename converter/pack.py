@@ -36,7 +36,6 @@ from .format.formats import main_format
 from .format.imagesizes import SizeStats, size_stats
 from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
 from .format.tables import TABLES
-from .format.validate import MAX_INDEX_BYTES, MIN_SAMPLE_INDEX_BYTES, TOO_LARGE_FOR_ONE_INDEX
 from .plan.resizehint import ResizeHint, resize_hint
 from .plan.shards import Plan, estimated_sample_bytes, shard_name
 from .plan.splits import Part, read_split_file
@@ -60,6 +59,7 @@ from .write.failures import explained
 from .write.resume import changed_shards
 from .write.safefs import is_regular, make_dirs, remove, write_atomic
 from .write.shard import GatherTask, ShardRecord, gather, write_shard
+from .write.tablefiles import remove_stale_tables, write_tables
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "check_source", "pack"]
 
@@ -112,7 +112,6 @@ def pack(
             log.info("scanned %d files in %.1f s", len(scan), time.perf_counter() - started)
             check_classes(dst_path, names, scan)
             parts = split_parts(scan, config, listed)
-            _check_index_room(parts, dst_path)
             # The disk-order gather reads the tree on one host: on a cluster each task reads its files.
             wanted = ReadOrder(config.read_order) if engine.gathers else ReadOrder.PLAN
             order = choose_read_order(wanted, scan)
@@ -337,17 +336,21 @@ def _finish(
                 counts[label] += n
             formats.update(record.formats)
             converted.update(record.converted)
-        infos[part.name] = SplitInfo(
-            name=part.name,
-            shards=tuple(_shard_info(r) for r in records),
-            class_counts=tuple(counts),
-            rejects_total=len(rejects),
-            rejects_by_reason=dict(sorted(Counter(r.reason.value for r in rejects).items())),
-            rejects_file=rejects_file,
-            pack_args=config.output_args(src),
-            formats=dict(sorted(formats.items())),
-            converted=dict(sorted(converted.items())),
-            image_sizes=_sizes(records),
+        infos[part.name] = write_tables(
+            dst,
+            SplitInfo(
+                name=part.name,
+                shards=tuple(_shard_info(r) for r in records),
+                class_counts=tuple(counts),
+                rejects_total=len(rejects),
+                rejects_by_reason=dict(sorted(Counter(r.reason.value for r in rejects).items())),
+                rejects_file=rejects_file,
+                pack_args=config.output_args(src),
+                formats=dict(sorted(formats.items())),
+                converted=dict(sorted(converted.items())),
+                image_sizes=_sizes(records),
+            ),
+            safe_root=dst,
         )
     with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
         check_classes(dst, tuple(infos), scan)  # another split may have landed meanwhile
@@ -361,18 +364,8 @@ def _finish(
                 str(e).replace("; re-pack the dataset", "; nothing was written to the index")
             ) from None
         write_index(dst, manifest)
+        remove_stale_tables(dst, manifest)
     return manifest
-
-
-def _check_index_room(parts: list[Part], dst: Path) -> None:
-    """Refuse at once a tree whose index could not be read: too many samples for one dataset."""
-    samples = sum(len(part.scan) for part in parts)
-    if samples * MIN_SAMPLE_INDEX_BYTES > MAX_INDEX_BYTES:
-        raise SourceError(
-            f"the index of {dst} would be over {MAX_INDEX_BYTES >> 20} MiB for {samples:,} samples "
-            f"({MIN_SAMPLE_INDEX_BYTES} bytes each at least), more than a reader accepts "
-            f"{TOO_LARGE_FOR_ONE_INDEX}"
-        )
 
 
 def _shard_info(record: ShardRecord) -> ShardInfo:

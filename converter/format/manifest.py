@@ -4,20 +4,21 @@ The index is the heart of the packed format (:mod:`imgshards.converter.format`),
 between the converter and the loader: the loader imports nothing else of the converter, and this
 package imports nothing but itself.
 
-Layout of ``index.json`` (``version`` 1)::
+Layout of ``index.json`` (``version`` 2)::
 
     {
       "format": "imgshards",
-      "version": 1,
+      "version": 2,
       "classes": ["cat", "dog"],                  # class id = position, exactly ImageFolder's
       "splits": {
         "train": {
           "samples": 1281167, "bytes": 140e9,
           "class_counts": [1300, 1300],           # aligned with "classes"
           "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "...",
-                      "offsets": "AAAAAA8BAAA...",   # where each sample starts, its class id,
-                      "labels": "BwAAAAIAAAA...",    # its key's CRC-32 and its source path
-                      "keys": "xq3bCQ...", "sources": "eJxLTiw..."}],  # (converter/format/tables.py)
+                      "sources_bytes": 15310}],   # its stream in the sources table
+          "tables": {                              # one file a table (converter/format/tablefiles.py)
+            "starts": {"file": "train.starts.0f3c...u32", "bytes": 5124668, "sha256": "..."},
+            "labels": {...}, "keys": {...}, "sources": {"file": "train.sources.9a1e...zlib", ...}},
           "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
@@ -28,6 +29,12 @@ Layout of ``index.json`` (``version`` 1)::
         }
       }
     }
+
+So the index grows with the shards (a few hundred bytes each), not with the samples: every
+process parses it whole, and maps the tables it uses. Version 1 (written before 0.2) held each
+shard's tables inside its entry, as base64 (``"offsets"``, ``"labels"``, ``"keys"``, ``"sources"``:
+:mod:`.tables`); it is still read (:class:`ShardInfo` keeps them, :class:`~.tablefiles.SplitTables`
+reads both), and ``imgshards index --upgrade`` rewrites it as version 2 without touching a shard.
 
 Each sample in a shard is standard WebDataset: ``<key>.<ext>`` (the image, ``ext`` one of
 :data:`IMAGE_EXTENSIONS`), ``<key>.cls`` (the integer label as ASCII) and ``<key>.json``
@@ -41,7 +48,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ManifestError
@@ -59,10 +66,10 @@ from .locate import (
     shown_cause,
 )
 from .remotefs import no_credentials, one_line
-from .tables import BLOCK, TABLES, decode_table
+from .tablefiles import FIXED_TABLES, TableFile
+from .tables import TABLES
 from .validate import (
     MAX_INDEX_BYTES,
-    TOO_LARGE_FOR_ONE_INDEX,
     check_index,
     check_name,
     open_regular,
@@ -74,11 +81,13 @@ __all__ = [
     "FORMAT_VERSION",
     "IMAGE_EXTENSIONS",
     "INDEX_NAME",
+    "READ_VERSIONS",
     "TIMM_INFO_NAME",
     "LabelSource",
     "Manifest",
     "ShardInfo",
     "SplitInfo",
+    "TableFile",
     "check_name",
     "is_url",
     "local_path",
@@ -88,45 +97,48 @@ __all__ = [
 ]
 
 FORMAT_NAME = "imgshards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this version writes
+READ_VERSIONS = (1, 2)  # what it reads
 TIMM_INFO_NAME = "_info.json"
 
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One tar shard of a split, with its tables of samples (:mod:`.tables`) in the index's form.
+    """One tar shard of a split: its name, sample count, size and sha256.
 
-    A table is ``None`` where the index has none (an index older than it, or another tool's shards
-    indexed before it), and ``""`` for a shard of no samples.
+    ``sources_bytes`` (format 2): the size of its stream in the split's sources table. The four
+    tables of format 1 (:mod:`.tables`), as that index held them; ``None`` where it has none, and
+    ``""`` for a shard of no samples. A shard of format 2 has none of them: its split's
+    :attr:`SplitInfo.tables` holds every sample's entries.
     """
 
     name: str
     samples: int
     bytes: int
     sha256: str
-    offsets: str | None = None  # where each sample starts
-    labels: str | None = None  # each sample's class id
-    keys: str | None = None  # each sample key's CRC-32
-    sources: str | None = None  # each sample's source path
+    offsets: str | None = None  # format 1: where each sample starts
+    labels: str | None = None  # format 1: each sample's class id
+    keys: str | None = None  # format 1: each sample key's CRC-32
+    sources: str | None = None  # format 1: each sample's source path
+    sources_bytes: int | None = None  # format 2: its stream in the sources table
 
     def to_json(self) -> dict[str, Any]:
-        """Return the JSON form written into the index."""
+        """Return the JSON form written into the index (format 2: no inline tables)."""
+        if any(getattr(self, table) is not None for table in TABLES):
+            raise ValueError(f"shard {self.name} holds format-1 tables: write them as files first")
         data: dict[str, Any] = {"name": self.name, "samples": self.samples, "bytes": self.bytes}
         data["sha256"] = self.sha256
-        for table in TABLES:
-            if getattr(self, table) is not None:
-                data[table] = getattr(self, table)
+        if self.sources_bytes is not None:
+            data["sources_bytes"] = self.sources_bytes
         return data
 
     def table(self, name: str) -> str | None:
-        """Table ``name`` (:data:`~.tables.TABLES`); ``""`` for a shard of no samples, whatever else."""
+        """Format-1 table ``name`` (:data:`~.tables.TABLES`); ``""`` for a shard of no samples."""
         return "" if self.samples == 0 else getattr(self, name)
 
-    def sample_offset(self, sample: int) -> int | None:
-        """Where sample number ``sample`` starts (its first tar header), in bytes; None without a table."""
-        if not self.offsets or not 0 <= sample < self.samples:
-            return None
-        return decode_table(self.offsets)[sample] * BLOCK
+    def without_tables(self) -> ShardInfo:
+        """The shard's entry without format-1 tables."""
+        return replace(self, offsets=None, labels=None, keys=None, sources=None)
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -219,6 +231,7 @@ class SplitInfo:
     converted: Mapping[str, int] = field(default_factory=dict)
     labels: LabelSource = LabelSource()
     image_sizes: SizeStats | None = None  # as stored (.imagesizes); None: not read, or an older index
+    tables: Mapping[str, TableFile] = field(default_factory=dict)  # format 2's table files, by table
 
     @property
     def samples(self) -> int:
@@ -239,6 +252,15 @@ class SplitInfo:
             "bytes": self.bytes,
             "class_counts": list(self.class_counts),
             "shards": [s.to_json() for s in self.shards],
+            **(
+                {
+                    "tables": {
+                        name: self.tables[name].to_json() for name in _TABLE_ORDER if name in self.tables
+                    }
+                }
+                if self.tables
+                else {}
+            ),
             "rejects": {
                 "total": self.rejects_total,
                 "by_reason": dict(sorted(self.rejects_by_reason.items())),
@@ -251,13 +273,26 @@ class SplitInfo:
             **labels,
         }
 
+    @property
+    def table_names(self) -> list[str]:
+        """The file names of its tables (format 2), in the index's order."""
+        return [self.tables[name].name for name in _TABLE_ORDER if name in self.tables]
+
+
+_TABLE_ORDER = (*FIXED_TABLES, "sources")
+
 
 @dataclass(frozen=True)
 class Manifest:
-    """A packed dataset: its classes (ids as ImageFolder assigns them) and its splits."""
+    """A packed dataset: its classes (ids as ImageFolder assigns them) and its splits.
+
+    ``version``: the format of the index it was read from (what is written is always
+    :data:`FORMAT_VERSION`; a split read from version 1 must have its tables written as files first).
+    """
 
     classes: tuple[str, ...]
     splits: Mapping[str, SplitInfo]
+    version: int = FORMAT_VERSION
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -295,10 +330,10 @@ class Manifest:
         """
         data = self.dumps().encode()
         if len(data) > MAX_INDEX_BYTES:
-            samples = sum(split.samples for split in self.splits.values())
+            shards = sum(len(split.shards) for split in self.splits.values())
             raise ManifestError(
-                f"{where} would be {len(data) / 2**20:,.0f} MiB for {samples:,} samples, over the "
-                f"{MAX_INDEX_BYTES >> 20} MiB a reader accepts {TOO_LARGE_FOR_ONE_INDEX}"
+                f"{where} would be {len(data) / 2**20:,.0f} MiB for {shards:,} shards, over the "
+                f"{MAX_INDEX_BYTES >> 20} MiB a reader accepts; pack with larger shards (--shard-size)"
             )
         Manifest.from_json(parse_index(data, where), where=where)
 
@@ -323,19 +358,23 @@ class Manifest:
         """Build from the parsed JSON of an index; ``where`` names it in error messages."""
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise ManifestError(f'{where} is not an imgshards index (no "format": "{FORMAT_NAME}")')
-        if data.get("version") != FORMAT_VERSION:
+        version = data.get("version")
+        if version not in READ_VERSIONS:
+            newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
             raise ManifestError(
-                f"{where} has format version {data.get('version')!r}; this imgshards reads version "
-                f"{FORMAT_VERSION}: upgrade imgshards, or re-pack with this one"
+                f"{where} has format version {version!r}; this imgshards reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))}: "
+                + ("upgrade imgshards (pip install -U imgshards)" if newer else "re-pack the dataset")
             )
-        check_index(data, where)  # untrusted input: every name, count and size, before any is used
+        check_index(data, where, version=version)  # untrusted: every name, count and size, before use
         classes = tuple(data["classes"])
-        splits = {name: _split_from_json(name, s) for name, s in data["splits"].items()}
-        return cls(classes=classes, splits=splits)
+        splits = {name: _split_from_json(name, s, version) for name, s in data["splits"].items()}
+        return cls(classes=classes, splits=splits, version=version)
 
 
-def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
+def _split_from_json(name: str, data: Mapping[str, Any], version: int) -> SplitInfo:
     rejects = data.get("rejects") or {}
+    tables = data.get("tables") or {} if version >= 2 else {}
     return SplitInfo(
         name=name,
         shards=tuple(
@@ -344,10 +383,15 @@ def _split_from_json(name: str, data: Mapping[str, Any]) -> SplitInfo:
                 samples=int(s["samples"]),
                 bytes=int(s["bytes"]),
                 sha256=str(s["sha256"]),
-                **{table: s.get(table) for table in TABLES},  # checked: a string each, where present
+                **(  # checked: a string each, where present (format 1); a count (format 2)
+                    {table: s.get(table) for table in TABLES}
+                    if version == 1
+                    else {"sources_bytes": s.get("sources_bytes")}
+                ),
             )
             for s in data["shards"]
         ),
+        tables={t: TableFile(str(v["file"]), int(v["bytes"]), str(v["sha256"])) for t, v in tables.items()},
         class_counts=tuple(int(c) for c in data["class_counts"]),
         rejects_total=int(rejects.get("total", 0)),
         rejects_by_reason={str(k): int(v) for k, v in (rejects.get("by_reason") or {}).items()},

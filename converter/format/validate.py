@@ -12,15 +12,19 @@ with :func:`open_regular`. What holds afterwards:
   ``.`` or ``..`` (:func:`check_relative_path`).
 - Counts and sizes are integers (not floats, not booleans) within bounds: a shard holds at most
   ``MAX_SHARD_BYTES`` and at most one sample per ``MIN_SAMPLE_BYTES`` of it; a split's totals and
-  per-class counts add up to its shards'. A shard's table of sample starts, when it has one, holds
-  one start per sample, increasing, inside the shard; its table of class ids, one per sample, each
+  per-class counts add up to its shards'. Format 2: a split's table files (``tables``) are plain
+  names, each of the size its entries need (4 bytes a sample; the sources, the sum of its shards'
+  ``sources_bytes``, each bounded), with a sha256; their entries are checked where they are used
+  (:mod:`.tablefiles`). Format 1: a shard's table of sample starts, when it has one, holds one
+  start per sample, increasing, inside the shard; its table of class ids, one per sample, each
   below the class count; its tables of keys and sources of the right size (:mod:`.tables`).
 - A split's image sizes, when it has them, count at most its samples, and each is two pixel counts
   within ``MAX_SIDE``.
 - There is at least one class, class names are distinct strings, and the per-class counts of every
   split line up with them.
-- The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON, holding at most ``MAX_INDEX_VALUES``
-  values and keys (counted in the bytes before any is built), nested at most ``MAX_DEPTH`` deep.
+- The document is at most ``MAX_INDEX_BYTES`` of UTF-8 JSON (a few hundred bytes a shard),
+  holding at most ``MAX_INDEX_VALUES`` values and keys (counted in the bytes before any is built),
+  nested at most ``MAX_DEPTH`` deep.
 - Only regular files are opened as an index or a shard: never a FIFO (whose open would block), a
   device (``/dev/zero`` never ends) or a directory; a symlinked shard must resolve inside the root.
 
@@ -41,20 +45,18 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ManifestError, UnsafeFileError, shown
+from .tablefiles import ENTRY, FIXED_TABLES, max_sources_bytes
 from .tables import TABLES, keys_problem, labels_problem, offsets_problem, sources_problem
 
 __all__ = [
     "MAX_DEPTH",
     "MAX_INDEX_BYTES",
-    "MAX_INDEX_SAMPLES",
     "MAX_INDEX_VALUES",
     "MAX_SHARD_BYTES",
     "MAX_SIDE",
     "MAX_SPLIT_NAME",
     "MIN_SAMPLE_BYTES",
-    "MIN_SAMPLE_INDEX_BYTES",
     "SPLIT_CHARS",
-    "TOO_LARGE_FOR_ONE_INDEX",
     "check_index",
     "check_name",
     "check_relative_path",
@@ -63,17 +65,9 @@ __all__ = [
     "split_name_error",
 ]
 
-MAX_INDEX_BYTES = 256 << 20  # ~1 M shards; ImageNet's index is ~28 MB
-# What a sample adds to the index: its start, class id and key digest, 4 bytes each in base64 (16),
-# and its compressed source path (6 for ImageNet's names). So a tree of over MAX_INDEX_BYTES / 16
-# images cannot be packed into one dataset, and one of over MAX_INDEX_SAMPLES likely cannot.
-MIN_SAMPLE_INDEX_BYTES = 16
-MAX_INDEX_SAMPLES = MAX_INDEX_BYTES // 22
-# The end of a writer's refusal of a tree too large for one index: how large, and what to do.
-TOO_LARGE_FOR_ONE_INDEX = (
-    f"(about {MAX_INDEX_SAMPLES / 1e6:.0f} M samples); pack the tree as several datasets, a range of "
-    "classes each, and read them together with MixedDataset"
-)
+# Format 2's index holds a few hundred bytes a shard (its tables are files): ~800 k shards, 200 TB
+# of 256 MB shards. (Format 1's held ~20 bytes a sample too: ~12 M samples.)
+MAX_INDEX_BYTES = 256 << 20
 # Values and keys json.loads may build: each costs up to ~80 bytes of objects ([{"a":"bc"},...] is 3
 # of them in 11 bytes), so they are counted in the bytes first and an index at the size bound costs
 # under 2 GB, not tens. A shard entry is 9 or 10 of them: this is ~1.7 M shards.
@@ -230,8 +224,8 @@ def _children(node: dict[Any, Any] | list[Any]) -> Iterator[Any]:
     return iter(node.values() if isinstance(node, dict) else node)
 
 
-def check_index(data: Mapping[str, Any], where: str) -> None:
-    """Check the classes and splits of a parsed index (format and version already checked)."""
+def check_index(data: Mapping[str, Any], where: str, *, version: int = 2) -> None:
+    """Check the classes and splits of a parsed index of format ``version`` (already checked)."""
     classes = _typed(data, "classes", list, where, "a list of class names")
     if not classes:
         raise ManifestError(f"{where}: classes is empty; a packed dataset has at least one class")
@@ -245,14 +239,14 @@ def check_index(data: Mapping[str, Any], where: str) -> None:
     for split, body in splits.items():
         if not _SPLIT_NAME.fullmatch(split):
             raise _bad(where, f"splits.{split!r}", split, "a split name (letters, digits, '_', '-', '.')")
-        _check_split(body, len(classes), f"splits.{split}", where, names)
+        _check_split(body, len(classes), f"splits.{split}", where, names, version)
 
 
-def _check_split(body: Any, num_classes: int, field: str, where: str, names: set[str]) -> None:
+def _check_split(body: Any, num_classes: int, field: str, where: str, names: set[str], version: int) -> None:
     if not isinstance(body, dict):
         raise _bad(where, field, body, "an object")
     shards = _typed(body, "shards", list, where, "a list of shards", field)
-    samples = total = 0
+    samples = total = sources_bytes = with_sources = 0
     for i, shard in enumerate(shards):
         at = f"{field}.shards[{i}]"
         if not isinstance(shard, dict):
@@ -265,9 +259,21 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
         count = _count(shard, "samples", size // MIN_SAMPLE_BYTES, where, at)
         samples += count
         total += size
-        for table in TABLES:  # each optional
-            if table in shard and (problem := _table_problem(table, shard[table], count, size, num_classes)):
-                raise _bad(where, f"{at}.{table}", shard[table], problem)
+        if version == 1:
+            for table in TABLES:  # each optional
+                if table in shard and (
+                    problem := _table_problem(table, shard[table], count, size, num_classes)
+                ):
+                    raise _bad(where, f"{at}.{table}", shard[table], problem)
+        else:
+            for table in TABLES:
+                if table in shard:
+                    raise _bad(
+                        where, f"{at}.{table}", "a table", "none in a shard of format 2 (split.tables)"
+                    )
+            if "sources_bytes" in shard:
+                sources_bytes += _count(shard, "sources_bytes", max_sources_bytes(count), where, at)
+                with_sources += 1
         sha = shard.get("sha256")
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
             raise _bad(where, f"{at}.sha256", sha, "64 lower-case hex digits")
@@ -284,6 +290,10 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
             raise _bad(where, f"{field}.class_counts[{i}]", n, f"an integer in 0..{samples}")
     if sum(counts) != samples:
         raise _bad(where, f"{field}.class_counts", f"sum {sum(counts)}", f"the split's {samples} samples")
+    if version >= 2:
+        _check_tables(
+            body.get("tables"), samples, (with_sources, len(shards), sources_bytes), field, where, names
+        )
     _check_rejects(body.get("rejects"), f"{field}.rejects", where)
     for key in ("formats", "converted"):  # image extensions, conversion reasons -> samples
         _check_counts(body.get(key), f"{field}.{key}", where)
@@ -291,6 +301,39 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
     _check_sizes(body.get("image_sizes"), samples, f"{field}.image_sizes", where)
     if not isinstance(body.get("pack", {}) or {}, dict):
         raise _bad(where, f"{field}.pack", body.get("pack"), "an object")
+
+
+def _check_tables(
+    tables: Any, samples: int, sources: tuple[int, int, int], field: str, where: str, names: set[str]
+) -> None:
+    """A split's table files (format 2): plain names, each as large as its entries, a sha256 each."""
+    tables = {} if tables is None else tables
+    if not isinstance(tables, dict) or not set(tables) <= {*FIXED_TABLES, "sources"}:
+        raise _bad(
+            where, f"{field}.tables", tables, f"an object of tables ({', '.join((*FIXED_TABLES, 'sources'))})"
+        )
+    with_sources, shards, sources_bytes = sources
+    if with_sources != (shards if "sources" in tables else 0):
+        raise _bad(
+            where,
+            f"{field}.tables.sources",
+            tables.get("sources"),
+            "a sources table where, and only where, every shard has its sources_bytes",
+        )
+    for table, entry in tables.items():
+        at = f"{field}.tables.{table}"
+        if not isinstance(entry, dict):
+            raise _bad(where, at, entry, "an object (file, bytes, sha256)")
+        name = check_name(entry.get("file"), f"{at}.file", where)
+        if name in names:
+            raise _bad(where, f"{at}.file", name, "a name no shard or other table has")
+        names.add(name)
+        size = samples * ENTRY.itemsize if table in FIXED_TABLES else sources_bytes
+        if _int(entry.get("bytes")) is None or entry["bytes"] != size:
+            raise _bad(where, f"{at}.bytes", entry.get("bytes"), f"{size}, what its {samples} samples need")
+        sha = entry.get("sha256")
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise _bad(where, f"{at}.sha256", sha, "64 lower-case hex digits")
 
 
 def _table_problem(table: str, text: Any, samples: int, size: int, num_classes: int) -> str | None:

@@ -40,6 +40,7 @@ __all__ = [
     "open_file",
     "read_bytes",
     "remove",
+    "rename",
     "write_atomic",
 ]
 
@@ -201,6 +202,13 @@ def write_atomic(path: Path, data: bytes, *, root: Path | None = None) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
+        os.fsync(dir_fd)
+
+
+def rename(path: Path, name: str, *, root: Path | None = None) -> None:
+    """Rename the file ``path`` to ``name`` in its directory, replacing (never following) a link; fsynced."""
+    with _dir_of(path, root) as dir_fd, _naming(path.with_name(name)):
+        os.replace(path.name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         os.fsync(dir_fd)
 
 
