@@ -2,25 +2,38 @@
 
 :func:`worker_order` is the one definition of that order. The pass calls it on runs of raw samples
 (:mod:`..pipeline.passes`), the elastic replay on runs of sample positions (:mod:`.elastic`), so what a resume
-recomputes is what the read did. Both stages take any iterables and a ``numpy`` Generator; the same
-inputs and RNG state give the same output order.
+recomputes is what the read did. Each stage takes any iterables and a ``numpy`` Generator of its
+own; the same inputs and RNG states give the same output order.
 
-:func:`resumed_order` is that order from a resume point on: the part before it replayed on numbers
-alone, in vectorized steps (0.18 us an item where the generators take 0.6), so a resume reads only
-what comes after it (issue 37: 2.6 s to the first batch at the end of a 10M-sample epoch).
+Both stages are built so that where they stand after any number of items is found without
+stepping through the items before it, so a resume costs O(runs + buffer) and a small draw per
+1,024 items, not a step per sample:
+
+- the interleave picks its runs a block of :data:`_BLOCK` picks at a time, each block from its own
+  slice of the interleave's stream (the generator advanced to ``block * _STRIDE``): how many of the
+  block's picks go to each open run is one multivariate hypergeometric draw (what a uniformly random
+  interleaving of them gives), their order a permutation of those picks. Where the interleave
+  stands after ``n`` items is then one small draw a block, and its items are drawn only for the
+  blocks asked for;
+- the shuffle buffer draws one number an item it gives, the i-th item's being its stream's i-th
+  (the generator advanced to it): the buffer's content at any point is each slot's last item
+  written, found from the last steps' numbers with numpy.
+
+:func:`resumed_order` is that order from a resume point on (issue 49: a worker of a 100 M-sample
+epoch resumes at its end in about a second, where a replay of every position took minutes);
+:func:`replayed` tells what a worker delivered, for an elastic resume.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain
+from itertools import chain
 from typing import Any, TypeVar
 
 import numpy as np
 
-from .seeds import worker_rng
+from .seeds import worker_rng, worker_rngs
 
 __all__ = [
     "Order",
@@ -35,7 +48,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-_MAX_OPEN = 32  # streams interleave keeps open at a time
+_MAX_OPEN = 32  # runs interleave keeps open at a time
+_BLOCK = 4096  # the interleave's picks drawn at once
+_STRIDE = 1 << 32  # numbers of the interleave's stream set aside for each block (it takes a few thousand)
+_DRAWS = 4096  # the shuffle's numbers drawn at once
 
 
 @dataclass(frozen=True)
@@ -62,13 +78,15 @@ def worker_order(
 
     Without shuffling, the runs one after another; else interleaved at random (odds by what each
     has left) and shuffled through a buffer, from the worker's RNG of ``(seed, epoch, rank, worker,
-    leg)``. The items may be samples (the read) or positions (the elastic replay): the order is the
-    same, item for item.
+    leg)``, a stream a stage. The items may be samples (the read) or positions (the elastic replay):
+    the order is the same, item for item.
     """
     if not order.shuffle:
         return (item for run in runs for item in run)
-    rng = worker_rng(order.seed, epoch, rank, worker, leg)
-    return buffer_shuffle(interleave(runs, sizes, rng), rng, size=order.buffer, initial=order.initial)
+    merge_rng, shuffle_rng = worker_rngs(order.seed, epoch, rank, worker, leg)
+    return buffer_shuffle(
+        interleave(runs, sizes, merge_rng), shuffle_rng, size=order.buffer, initial=order.initial
+    )
 
 
 def interleave(
@@ -78,78 +96,106 @@ def interleave(
     *,
     max_open: int = _MAX_OPEN,
 ) -> Iterator[T]:
-    """Merge ``streams`` in random order, drawing each next item from a stream with odds by what it has left.
+    """Merge ``streams`` in random order, each next item from a stream with odds by what it has left.
 
-    With all streams open this is a uniformly random interleaving, so a worker whose samples come
-    from several shards mixes them from its first batch even when each shard holds one class. At
-    most ``max_open`` streams are open at a time; the next opens when one ends. ``sizes`` are the
-    planned lengths; a stream that ends early (a truncated shard) just drops out.
+    The streams are taken ``max_open`` at a time, in the given order, the next joining as one ends
+    (at the next block of picks); among those open the interleaving is uniformly random, so a
+    worker whose samples come from several shards mixes them from its first batch even when each
+    shard holds one class. ``sizes`` are the planned lengths: the picks follow them, and a stream
+    that ends early (a truncated shard) just drops out.
 
-    A stream is held only while it is read: once it has given its ``size`` items it is closed (a
-    generator's ``close()``), so a run of a shard lets go of its file at once, and no list of every
-    stream of the pass stays alive (that kept every finished shard of a pass open: issue 37).
+    A stream is opened when first picked and closed (a generator's ``close()``) once it has given
+    its ``size`` items, so a run of a shard holds its file only while it is read (issue 37).
     """
-    pending = list(zip(streams, sizes, strict=True))
-    pending.reverse()  # pop() takes them in the given order
-    return _merged(_Merge(pending, [], [], [], 0), _bits(rng), max_open)
+    picks = _Picks(sizes, rng, max_open)
+    return _merged(lambda k: streams[k], picks, picks.start(), list(sizes))
+
+
+class _Picks:
+    """The interleave's picks of runs of ``sizes``, block by block, each a pure function of its number."""
+
+    def __init__(self, sizes: Sequence[int], rng: np.random.Generator, max_open: int) -> None:
+        self.sizes, self.max_open = np.asarray(sizes, dtype=np.int64), max_open
+        self.bit_generator = _advancing(rng)
+        self.base = self.bit_generator.state  # the stream's start: block b draws from b * _STRIDE on
+
+    def start(self) -> _MergeAt:
+        """Where a fresh interleave stands: no pick made, the first runs open."""
+        at = _MergeAt(left=self.sizes.copy(), open=[], next_run=0, block=0)
+        self._open_more(at)
+        return at
+
+    def next_block(self, at: _MergeAt, *, order: bool = True) -> np.ndarray | None:
+        """Block ``at.block``'s picks (run numbers; None after the last), ``at`` moved past them.
+
+        ``order=False``: only how many each run got matters (their order is not drawn: an empty array).
+        """
+        if not at.open:
+            return None
+        self.bit_generator.state = self.base
+        self.bit_generator.advance(at.block * _STRIDE)
+        rng = np.random.Generator(self.bit_generator)
+        runs = np.asarray(at.open, dtype=np.int64)
+        have = at.left[runs]
+        n = min(_BLOCK, int(have.sum()))
+        counts = rng.multivariate_hypergeometric(have, n) if len(runs) > 1 else np.array([n])
+        picks = rng.permutation(np.repeat(runs, counts)) if order else np.empty(0, dtype=np.int64)
+        at.left[runs] -= counts
+        at.open = [int(k) for k in runs[at.left[runs] > 0]]
+        at.block += 1
+        self._open_more(at)
+        return picks
+
+    def _open_more(self, at: _MergeAt) -> None:
+        sizes = self.sizes
+        while at.next_run < len(sizes) and len(at.open) < self.max_open:
+            if sizes[at.next_run] > 0:
+                at.open.append(at.next_run)
+            at.next_run += 1
 
 
 @dataclass
-class _Merge:
-    """Where :func:`interleave` stands: what a fresh pass starts from, and what a resume continues from."""
+class _MergeAt:
+    """Where the interleave stands at a block's start: what each run has left, the runs open."""
 
-    pending: list[Any]  # (stream, planned size), the next one last (a replay's: run numbers)
-    reading: list[Any]  # by stream number: its iterator (a replay's: run number), None once it ended
-    left: list[int]  # by stream number: the items it has left
-    # One slot per item the open streams have left, holding its stream's number: a uniform pick of
-    # a slot picks a stream with odds by what it has left, in O(1) (a stream that ended early
-    # leaves void slots, passed over when picked).
-    slots: list[int]
-    now: int  # streams open
-
-
-def _merged(m: _Merge, bits: Iterator[int], max_open: int) -> Iterator[Any]:
-    pending, reading, left, slots, now = m.pending, m.reading, m.left, m.slots, m.now
-    del m  # each stream lives in `pending`, then in `reading`, then nowhere
-    while True:
-        while pending and now < max_open:
-            stream, size = pending.pop()
-            if size > 0:
-                slots += [len(reading)] * size
-                reading.append(iter(stream))
-                left.append(size)
-                now += 1
-        if not slots:
-            return
-        j = (next(bits) * len(slots)) >> 32
-        n = slots[j]
-        slots[j] = slots[-1]
-        slots.pop()
-        it = reading[n]
-        if it is None:
-            continue
-        item = next(it, _END)
-        left[n] -= 1
-        if item is _END or not left[n]:
-            reading[n] = None
-            now -= 1
-            _close(it)
-        if item is not _END:
-            yield item
+    left: np.ndarray  # by run: its items not yet picked
+    open: list[int]  # the runs open, in the order they opened
+    next_run: int  # the next run to open
+    block: int  # the next block of picks
 
 
 _END = object()
-_DRAWS = 4096  # random numbers drawn at once: one numpy call per 4,096 picks, not one a pick
 
 
-def _bits(rng: np.random.Generator) -> Iterator[int]:
-    """Uniform 32-bit ints drawn in blocks; ``(next(bits) * n) >> 32`` is a uniform int in ``0..n-1``.
+def _merged(
+    open_stream: Callable[[int], Iterable[T]],
+    picks: _Picks,
+    at: _MergeAt,
+    left: list[int],
+    first: np.ndarray | None = None,
+) -> Iterator[T]:
+    """The interleave's items from ``at`` on: ``first`` (the rest of a block), then block after block.
 
-    That is Lemire's mapping: exact integer arithmetic, always below ``n``, off uniform by at most
-    ``n / 2**32``. A numpy call per pick cost 2 us of the 6 us an item took to order, and a resume
-    replays the order of millions of samples (issue 37).
+    ``left[k]``: what run ``k`` is still to give; ``open_stream(k)`` gives them, opened on its first pick.
     """
-    return chain.from_iterable(iter(lambda: rng.integers(0, 1 << 32, _DRAWS, dtype=np.uint64).tolist(), None))
+    reading: dict[int, Iterator[Any] | None] = {}  # by run: its iterator, None once it ended
+    block = first if first is not None else picks.next_block(at)
+    while block is not None:
+        for k in block.tolist():
+            if k in reading:
+                it = reading[k]
+                if it is None:  # it ended early: its picks are void
+                    continue
+            else:
+                it = reading[k] = iter(open_stream(k))
+            item = next(it, _END)
+            left[k] -= 1
+            if item is _END or not left[k]:
+                reading[k] = None
+                _close(it)
+            if item is not _END:
+                yield item  # type: ignore[misc]  # not _END: one of the stream's items
+        block = picks.next_block(at)
 
 
 def _close(it: Iterator[object]) -> None:
@@ -158,12 +204,42 @@ def _close(it: Iterator[object]) -> None:
         close()
 
 
+def _bits(rng: np.random.Generator, at: int = 0) -> Iterator[int]:
+    """The stream's 32-bit numbers from its ``at``-th on; ``(next(bits) * n) >> 32`` is uniform in ``0..n-1``.
+
+    The top half of each 64-bit output of the generator (number ``i`` is output ``i``, so the
+    generator advanced by ``at`` gives number ``at``), drawn in blocks. The mapping is Lemire's:
+    exact integer arithmetic, always below ``n``, off uniform by at most ``n / 2**32``.
+    """
+    bit_generator = _advancing(rng)
+    if at:
+        bit_generator.advance(at)
+    return chain.from_iterable(
+        iter(lambda: (bit_generator.random_raw(_DRAWS) >> np.uint64(32)).tolist(), None)
+    )
+
+
+def _advancing(rng: np.random.Generator) -> np.random.PCG64:
+    """``rng``'s bit generator, one that can jump ahead (``default_rng``'s PCG64)."""
+    bit_generator = rng.bit_generator
+    assert isinstance(bit_generator, np.random.PCG64)
+    return bit_generator
+
+
+def _numbers(base: Mapping[str, Any], rng: np.random.Generator, start: int, count: int) -> np.ndarray:
+    """Numbers ``[start, start + count)`` of the stream :func:`_bits` gives, as an array."""
+    bit_generator = _advancing(rng)
+    bit_generator.state = base  # type: ignore[assignment]  # a state this generator gave
+    bit_generator.advance(start)
+    return bit_generator.random_raw(count) >> np.uint64(32)
+
+
 def buffer_shuffle(items: Iterable[T], rng: np.random.Generator, *, size: int, initial: int) -> Iterator[T]:
     """Shuffle a stream through a buffer of ``size`` items, starting once ``initial`` are in.
 
     Like webdataset's ``shuffle(bufsize, initial)``: while the buffer is below ``size`` it takes two
     items for each it gives, so it yields early (fast start) and still fills up. ``size <= 1`` keeps
-    the order.
+    the order. The item given i-th is picked with the i-th number of ``rng``'s stream.
     """
     if size <= 1:
         return iter(items)
@@ -204,11 +280,10 @@ def resumed_order(
 ) -> Iterator[T | Pending]:
     """:func:`worker_order`'s items from its item ``skip`` on, no run opened where it is only skipped.
 
-    ``open_run(k, j)`` gives run ``k`` (``sizes[k]`` items, exactly) from its item ``j`` on. The
-    order up to ``skip`` is replayed on numbers alone (:func:`_replay`), with the draws of
-    :func:`worker_order` in the sequence it makes them; then each run still open opens where the
-    replay left it, and the items the shuffle buffer holds at ``skip`` come out as :data:`Pending`
-    pairs, each in its place in the order, for the caller to read one by one.
+    ``open_run(k, j)`` gives run ``k`` (``sizes[k]`` items, exactly) from its item ``j`` on. Where
+    both stages stand at ``skip`` is found on numbers alone (:func:`_replay`); then each run still
+    to be read opens where the replay left it, and the items the shuffle buffer holds at ``skip``
+    come out as :data:`Pending` pairs, each in its place in the order, for the caller to read one by one.
     """
     if not order.shuffle:
         k, j = 0, skip
@@ -216,17 +291,14 @@ def resumed_order(
             j -= sizes[k]
             k += 1
         return (item for r in range(k, len(sizes)) for item in open_run(r, j if r == k else 0))
-    m, taken, buf, merge_draws, shuffle_draws = _replayed(
-        sizes, order, skip=skip, epoch=epoch, rank=rank, worker=worker, leg=leg
-    )
-    pending: list[tuple[Any, int]] = [(_Opened(open_run, k, 0), n) for k, n in m.pending]
-    reading = [None if k is None else iter(open_run(k, taken[k])) for k in m.reading]
-    merged = _merged(_Merge(pending, reading, m.left, m.slots, m.now), merge_draws.rest(), _MAX_OPEN)
+    state = _replay(sizes, order, skip, *worker_rngs(order.seed, epoch, rank, worker, leg))
+    taken = state.taken
+    left = [n - int(t) for n, t in zip(sizes, taken.tolist(), strict=True)]
+    merged = _merged(lambda k: open_run(k, int(taken[k])), state.picks, state.at, left, state.rest)
     if order.buffer <= 1:
         return merged
-    return _shuffled(
-        merged, buf, shuffle_draws.rest(), order.buffer, min(max(order.initial, 1), order.buffer)
-    )
+    bits = _bits(worker_rngs(order.seed, epoch, rank, worker, leg)[1], skip)  # from the next item's number on
+    return _shuffled(merged, state.buffer, bits, order.buffer, min(max(order.initial, 1), order.buffer))
 
 
 def replayed(
@@ -236,8 +308,8 @@ def replayed(
 
     Returns the items it has taken from each run (``taken[k]``: run ``k``'s first ones) and those
     of them its shuffle buffer still holds (:data:`Pending` pairs): the items given are the first
-    ``taken[k]`` of each run ``k`` less the buffer's. The vectorized replay of :func:`resumed_order`
-    (0.1 us an item), with no run opened: what an elastic resume needs of each worker of a leg.
+    ``taken[k]`` of each run ``k`` less the buffer's. What an elastic resume needs of each worker
+    of a leg; O(runs + buffer + ``skip`` / 1,024).
     """
     if not order.shuffle:
         taken, left = [], skip
@@ -245,132 +317,66 @@ def replayed(
             taken.append(min(n, left))
             left -= taken[-1]
         return taken, []
-    m, reading, buf, _, _ = _replayed(sizes, order, skip=skip, epoch=epoch, rank=rank, worker=worker, leg=leg)
-    # _replay counts the runs still open; those ended were read whole, those still pending not at all.
-    ended = set(range(len(sizes))) - {k for k, _ in m.pending} - {k for k in m.reading if k is not None}
-    return [sizes[k] if k in ended else n for k, n in enumerate(reading)], buf
+    merge_rng, shuffle_rng = worker_rngs(order.seed, epoch, rank, worker, leg)
+    state = _replay(sizes, order, skip, merge_rng, shuffle_rng)
+    return state.taken.tolist(), list(state.buffer)
 
 
-def _replayed(
-    sizes: Sequence[int], order: Order, *, skip: int, epoch: int, rank: int, worker: int, leg: int
-) -> tuple[_Merge, list[int], list[Pending], _Draws, _Draws]:
-    """:func:`_replay` from the worker's RNG, with both stages' draws left where the generators' would be."""
-    size, initial = order.buffer, min(max(order.initial, 1), order.buffer)
-    tail = None
-    while True:
-        rng = worker_rng(order.seed, epoch, rank, worker, leg)
-        merge_draws, shuffle_draws = _Draws(rng), _Draws(rng)  # each draws its blocks as worker_order's do
-        try:
-            m, taken, buf = _replay(
-                sizes, skip, merge_draws, shuffle_draws, size=size, initial=initial, tail=tail
-            )
-            return m, taken, buf, merge_draws, shuffle_draws
-        except _TailTooShort:  # (odds under size * e**-64) again, every item kept
-            tail = skip
+@dataclass
+class _Replayed:
+    """Where both stages stand after the items given.
 
-
-class _Opened:
-    """Run ``k`` from item ``j`` on, opened only when the merge first reads it."""
-
-    def __init__(self, open_run: Callable[[int, int], Iterable[Any]], k: int, j: int) -> None:
-        self.open_run, self.k, self.j = open_run, k, j
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.open_run(self.k, self.j))
-
-
-class _Draws:
-    """One stage's random numbers as :func:`_bits` gives them, its blocks drawn when it would draw them.
-
-    :func:`_replay` takes them one at a time (:meth:`next`) or a block's worth at once
-    (:meth:`ensure`, :meth:`take`), then hands the rest to the generators (:meth:`rest`).
+    The interleave at block ``at``, with ``rest`` of the block before it still to come; each run's
+    items taken; the buffer's items.
     """
 
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.block = np.empty(0, dtype=np.uint64)
-        self.at = 0
+    picks: _Picks
+    at: _MergeAt
+    rest: np.ndarray | None
+    taken: np.ndarray
+    buffer: list[Any]
 
-    def ensure(self) -> int:
-        """Numbers left in the block, drawing the next block if none is (when :func:`_bits` would)."""
-        if self.at == len(self.block):
-            self.block, self.at = self.rng.integers(0, 1 << 32, _DRAWS, dtype=np.uint64), 0
-        return len(self.block) - self.at
 
-    def next(self) -> int:
-        self.ensure()
-        self.at += 1
-        return int(self.block[self.at - 1])
-
-    def take(self, n: int) -> np.ndarray:
-        """The next ``n`` numbers, all of this block (``n <= ensure()``)."""
-        self.at += n
-        return self.block[self.at - n : self.at]
-
-    def rest(self) -> Iterator[int]:
-        """What :func:`_bits` would give from here: this block's rest, then new blocks."""
-        return chain(self.block[self.at :].tolist(), _bits(self.rng))
+# The full-buffer steps whose picks _replay looks at first: the last 64 buffers' worth, at least
+# 256 Ki. A slot is then left unwritten with odds (1 - 1/size)**(64 * size), under e**-64 (then all).
+_KEPT_STEPS = 1 << 18
+_KEPT_BUFFERS = 64
 
 
 def _replay(
     sizes: Sequence[int],
+    order: Order,
     skip: int,
-    merge_draws: _Draws,
-    shuffle_draws: _Draws,
-    *,
-    size: int,
-    initial: int,
-    tail: int | None = None,
-) -> tuple[_Merge, list[int], list[Pending]]:
-    """:func:`interleave` then :func:`buffer_shuffle` up to their ``skip``-th item, on numbers alone.
+    merge_rng: np.random.Generator,
+    shuffle_rng: np.random.Generator,
+) -> _Replayed:
+    """The stages of :func:`worker_order` after its ``skip``-th item, on numbers alone.
 
-    Returns the merge's state (its runs by number), the items taken from each run, and the buffer of
-    ``(k, j)`` pairs; the draws are left where the generators' would be. An item is a number, its
-    place in the runs one after another. The buffer's filling and draining are stepped as
-    :func:`_shuffled` steps them; in between, the full buffer's steps (nearly all of them) are not:
-    each takes one item in and gives one out, so it only overwrites the slot it gives, and the
-    slots it gives are drawn from the shuffle's numbers alone. The buffer at ``skip`` is then each
-    slot's last item written, found from the last steps' slots, with numpy; what remains a step is
-    the merge's pick, from numbers drawn a block at a time. 0.1 us an item where the generators take
-    0.6: a resume at the end of a 10M-sample epoch replays all of it (issue 37).
-    tests/loader/epoch/test_order.py holds it to :func:`worker_order`, item by item.
-
-    The items of the last ``tail`` full steps are kept (default: 64 buffers' worth, or 256 Ki): a
-    slot not written in them (odds under ``size * e**-64``) raises :class:`_TailTooShort`.
+    The buffer's filling and draining are stepped as :func:`_shuffled` steps them, on the
+    interleave's items (run and place, :class:`_Items`); in between, a full buffer's step takes one
+    item in and gives one out, so it only overwrites the slot it gives, drawn from the shuffle's
+    numbers alone: the buffer at ``skip`` is each slot's last item written, found with numpy from
+    the last steps' numbers and the interleave's items at those steps.
     """
-    starts = list(accumulate(sizes, initial=0))  # item j of run k is number starts[k] + j
-    pending = [k for k in reversed(range(len(sizes))) if sizes[k]]  # runs not open yet, the next last
-    reading: list[Any] = []  # by stream number: its run's number, None once it ended
-    left: list[int] = []
-    ends: list[int] = []  # by stream number: the number after its run's last item
-    slots: list[int] = []
-
-    def open_more() -> None:  # the merge opening runs as others end (it does at its next step)
-        while pending and len(ends) - reading.count(None) < _MAX_OPEN:
-            k = pending.pop()
-            slots.extend([len(reading)] * sizes[k])
-            reading.append(k)
-            left.append(sizes[k])
-            ends.append(starts[k + 1])
-
-    def take() -> int | None:  # the merge's next item, as _merged takes it
-        if not slots:
-            return None
-        j = (merge_draws.next() * len(slots)) >> 32
-        n = slots[j]
-        slots[j] = slots[-1]
-        slots.pop()
-        left[n] -= 1
-        if not left[n]:
-            reading[n] = None
-            open_more()
-        return ends[n] - left[n] - 1
-
-    open_more()
-    buf: list[int] = []
-    given = 0
+    size, initial = order.buffer, min(max(order.initial, 1), order.buffer)
+    shuffle_base = shuffle_rng.bit_generator.state
+    items = _Items(_Picks(sizes, merge_rng, _MAX_OPEN))
+    total = int(np.sum(sizes, dtype=np.int64))
+    if size <= 1:
+        return items.at(min(skip, total), [])
+    buf: list[Any] = []
+    given = taken = 0
+    draws = _numbers(shuffle_base, shuffle_rng, 0, min(skip, 2 * size + 2))  # the filling's, at most
     full = size - 1  # what a full buffer holds between steps
-    while given < skip and not (size <= 1 or len(buf) == full):  # the buffer fills, as _shuffled fills it
+
+    def take() -> Any:
+        nonlocal taken
+        if taken >= total:
+            return None
+        taken += 1
+        return items.one(taken - 1)
+
+    while given < skip and len(buf) != full:  # the buffer fills, as _shuffled fills it
         item = take()
         if item is None:  # the merge is over: the buffer drains
             break
@@ -380,124 +386,140 @@ def _replay(
             if item is not None:
                 buf.append(item)
         if len(buf) >= initial:
-            i = (shuffle_draws.next() * len(buf)) >> 32
+            i = (int(draws[given]) * len(buf)) >> 32
             buf[i], buf[-1] = buf[-1], buf[i]
             buf.pop()
             given += 1
-    if size <= 1 or len(buf) == full:
-        steps = min(skip - given, len(slots) + sum(sizes[k] for k in pending))  # till skip or the merge's end
-        merge = _Merge(pending, reading, left, slots, 0)  # (its runs by number)
-        _full_steps(
-            steps, merge, ends, open_more, merge_draws, shuffle_draws if size > 1 else None, buf, tail
-        )
-        given += steps
-    while given < skip and buf:  # the merge is over: the buffer drains
-        i = (shuffle_draws.next() * len(buf)) >> 32
-        buf[i], buf[-1] = buf[-1], buf[i]
-        buf.pop()
-        given += 1
-    taken = [0] * len(sizes)
-    for n, k in enumerate(reading):
-        if k is not None:
-            taken[k] = sizes[k] - left[n]
-    now = len(ends) - reading.count(None)
-    at = [(bisect_right(starts, item) - 1, item) for item in buf]
-    return (
-        _Merge([(k, sizes[k]) for k in pending], reading, left, slots, now),
-        taken,
-        [(k, item - starts[k]) for k, item in at],
-    )
-
-
-# The full steps whose items _full_steps keeps: the last 64 buffers' worth, at least 256 Ki. A slot
-# is then left unwritten with odds (1 - 1/size)**(64 * size), under e**-64.
-_KEPT_STEPS = 1 << 18
-_KEPT_BUFFERS = 64
-
-
-class _TailTooShort(Exception):
-    """A slot of the buffer was last written before the steps whose items :func:`_full_steps` kept."""
+    if len(buf) == full:
+        steps = min(skip - given, total - taken)  # till skip or the merge's end
+        if steps:
+            _full_steps(buf, items, taken, given, steps, shuffle_base, shuffle_rng)
+            taken += steps
+            given += steps
+    if given < skip and buf:  # the merge is over: the buffer drains
+        drain = _numbers(shuffle_base, shuffle_rng, given, min(skip - given, len(buf)))
+        for number in drain.tolist():
+            i = (number * len(buf)) >> 32
+            buf[i], buf[-1] = buf[-1], buf[i]
+            buf.pop()
+    return items.at(taken, buf)
 
 
 def _full_steps(
+    buf: list[Any],
+    items: _Items,
+    taken: int,
+    given: int,
     steps: int,
-    merge: _Merge,
-    ends: list[int],
-    open_more: Callable[[], None],
-    merge_draws: _Draws,
-    shuffle_draws: _Draws | None,
-    buf: list[int],
-    tail: int | None,
+    base: Mapping[str, Any],
+    rng: np.random.Generator,
 ) -> None:
-    """``steps`` steps of the full buffer of ``buf`` (or of the merge alone: ``shuffle_draws`` None).
+    """``steps`` steps of the full buffer ``buf`` from item ``taken`` in and item ``given`` out.
 
-    A step is the merge's pick (a slot of ``merge.slots``, its stream's next item) then the shuffle's
-    (a slot of the buffer, overwritten with that item). Both stages' numbers are taken a chunk at a
-    time, a chunk ending where either block does, so each block is drawn when the generators would
-    draw it (the merge's first, when both need one at the same step). The merge's picks are computed
-    a chunk at a time (its slots fall by one a step, till a stream ends and another opens); the
-    shuffle's only for the last ``tail`` steps, the buffer's slots then set to their last items.
+    Each slot of the buffer ends holding the item of the last step that picked it (a step picking
+    the last slot gives its own item). The last steps are looked at first; where some slot was not
+    picked in them (odds under ``size * e**-64``), all of them.
     """
-    slots = merge.slots
     full = len(buf)
-    tail = max(_KEPT_STEPS, _KEPT_BUFFERS * (full + 1)) if tail is None else tail
-    keep_from = steps - tail  # the steps whose items and buffer slots are kept
-    kept: list[int] = []
-    picks: list[np.ndarray] = []
-    done = 0
-    while done < steps:
-        chunk = merge_draws.ensure()
-        if shuffle_draws is not None:
-            chunk = min(chunk, shuffle_draws.ensure())
-        chunk = min(chunk, steps - done)
-        bits = merge_draws.take(chunk)
-        if shuffle_draws is not None:
-            shuffled = shuffle_draws.take(chunk)
-            if done + chunk > keep_from:
-                picks.append((shuffled[max(keep_from - done, 0) :] * np.uint64(full + 1)) >> np.uint64(32))
-        at = 0
-        while at < chunk:
-            # The merge's picks from here, its slots falling by one a step; stopped where a stream
-            # ends and another opens (its slots then jump), or where the kept steps start.
-            stop = chunk if done + at >= keep_from else min(chunk, keep_from - done)
-            count = len(slots)
-            falling = np.arange(count, count - (stop - at), -1, dtype=np.int64).clip(1).astype(np.uint64)
-            keep = kept if done + at >= keep_from else None
-            at += _merge_steps(
-                ((bits[at:stop] * falling) >> np.uint64(32)).tolist(), merge, ends, keep, open_more
-            )
-        done += chunk
-    if shuffle_draws is None or not steps:
-        return
-    # Each slot's last item: the last kept step that gave it (a step giving slot `full` gave its own).
-    last = np.concatenate(picks)[::-1]
-    found, first = np.unique(last, return_index=True)
-    for slot, back in zip(found.tolist(), first.tolist(), strict=True):
-        if slot < full:
-            buf[slot] = kept[len(kept) - 1 - back]
-    if keep_from > 0 and np.count_nonzero(found < full) < full:
-        raise _TailTooShort
+    tail = min(steps, max(_KEPT_STEPS, _KEPT_BUFFERS * (full + 1)))
+    while True:
+        first = steps - tail  # the steps looked at: [first, steps)
+        slots = (_numbers(base, rng, given + first, tail) * np.uint64(full + 1)) >> np.uint64(32)
+        last = slots[::-1]
+        found, back = np.unique(last, return_index=True)
+        written = found < full
+        if first == 0 or np.count_nonzero(written) == full:
+            break
+        tail = steps
+    step = tail - 1 - back[written]  # by slot, the step (from `first`) that wrote it last
+    places = taken + first + step
+    order = np.argsort(places)
+    written_items = items.many(places[order])
+    for slot, item in zip(found[written][order].tolist(), written_items.tolist(), strict=True):
+        buf[slot] = (item[0], item[1])
 
 
-def _merge_steps(
-    picks: list[int], merge: _Merge, ends: list[int], kept: list[int] | None, open_more: Callable[[], None]
-) -> int:
-    """The merge's steps at ``picks`` (slots of ``merge.slots``), till a stream's end opens another.
+class _Items:
+    """The interleave's items by their place in its output, as ``(run, item of the run)`` pairs.
 
-    Returns the steps taken. ``kept``: the items taken are appended to it.
+    Walks the interleave's blocks forward (back to the start when asked for an earlier place),
+    drawing only how many picks each run gets in a block, and their order only in the blocks
+    holding a place asked for.
     """
-    slots, left, reading = merge.slots, merge.left, merge.reading
-    pending = merge.pending
-    for t, j in enumerate(picks):
-        n = slots[j]
-        slots[j] = slots[-1]
-        slots.pop()
-        left[n] -= 1
-        if kept is not None:
-            kept.append(ends[n] - left[n] - 1)
-        if not left[n]:
-            reading[n] = None
-            if pending:
-                open_more()
-                return t + 1  # its slots jumped: the next picks are drawn on the new count
-    return len(picks)
+
+    def __init__(self, picks: _Picks) -> None:
+        self.picks = picks
+        self._start()
+
+    def _start(self) -> None:
+        self._next = self.picks.start()  # at the start of the block after the current one
+        self._first = 0  # the place of the current block's first pick
+        self._picks: np.ndarray | None = None  # the current block's picks (None: none drawn yet)
+        self._before = self._next.left.copy()  # by run: items left at the current block's start
+        self._rank: np.ndarray | None = None
+
+    def one(self, place: int) -> Pending:
+        """The item at ``place``."""
+        run, j = self.many(np.array([place], dtype=np.int64))[0].tolist()
+        return run, j
+
+    def many(self, places: np.ndarray) -> np.ndarray:
+        """The items at ``places`` (increasing), as rows ``(run, j)``."""
+        out = np.empty((len(places), 2), dtype=np.int64)
+        i = 0
+        while i < len(places):
+            picks = self._reach(int(places[i]))
+            stop = int(np.searchsorted(places, self._first + len(picks), side="left"))
+            offsets = places[i:stop] - self._first
+            if self._rank is None:
+                self._rank = _rank_in_block(picks)
+            runs = picks[offsets]
+            out[i:stop, 0] = runs
+            out[i:stop, 1] = self.picks.sizes[runs] - self._before[runs] + self._rank[offsets]
+            i = stop
+        return out
+
+    def at(self, place: int, buffer: list[Any]) -> _Replayed:
+        """Both stages' state with ``place`` items taken from the interleave."""
+        sizes = self.picks.sizes
+        if place == 0:
+            return _Replayed(self.picks, self.picks.start(), None, np.zeros(len(sizes), np.int64), buffer)
+        picks = self._reach(place - 1)
+        done = place - self._first  # of the current block's picks
+        taken = sizes - self._before + np.bincount(picks[:done], minlength=len(sizes))
+        rest = picks[done:] if done < len(picks) else None
+        return _Replayed(self.picks, self._next, rest, taken, buffer)
+
+    def _reach(self, place: int) -> np.ndarray:
+        """The picks of the block holding pick ``place``, made the current one."""
+        if place < self._first:
+            self._start()
+        while self._picks is None or place >= self._first + len(self._picks):
+            if self._picks is not None:
+                self._first += len(self._picks)
+                self._picks, self._rank = None, None
+            at = self._next
+            before = at.left.copy()
+            again = _MergeAt(before.copy(), list(at.open), at.next_run, at.block)
+            if self.picks.next_block(at, order=False) is None:
+                raise IndexError(f"item {place} of an interleave of {self._first}")
+            n = int((before - at.left).sum())
+            self._before = before
+            if place < self._first + n:  # the block holding it: its picks' order too
+                picks = self.picks.next_block(again)
+                assert picks is not None
+                self._next, self._picks = again, picks
+            else:
+                self._first += n
+        return self._picks
+
+
+def _rank_in_block(picks: np.ndarray) -> np.ndarray:
+    """For each pick, how many picks of the same run come before it in the block."""
+    order = np.argsort(picks, kind="stable")
+    ranked = picks[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    within = np.arange(len(picks)) - np.repeat(starts, np.diff(np.r_[starts, len(picks)]))
+    out = np.empty(len(picks), dtype=np.int64)
+    out[order] = within
+    return out

@@ -32,6 +32,7 @@ __all__ = [
     "mix_rng",
     "user_seed",
     "worker_rng",
+    "worker_rngs",
 ]
 
 SHARD_ORDER, DROPPED, WORKER, AUGMENT, USER, MIX = 0, 1, 2, 3, 4, 5
@@ -45,6 +46,19 @@ def epoch_rng(seed: int, epoch: int, tag: int) -> np.random.Generator:
 def worker_rng(seed: int, epoch: int, rank: int, worker: int, leg: int = 0) -> np.random.Generator:
     """Return the RNG of one worker's sample order in one epoch (``leg``: after so many elastic resumes)."""
     return np.random.default_rng([seed, epoch, WORKER, rank, worker] + ([leg] if leg else []))
+
+
+def worker_rngs(
+    seed: int, epoch: int, rank: int, worker: int, leg: int = 0
+) -> tuple[np.random.Generator, np.random.Generator]:
+    """The two RNGs of one worker's sample order: its interleave's, its shuffle buffer's.
+
+    Children of :func:`worker_rng`'s seed, so each stage draws from a stream of its own and either
+    can be advanced to any of its numbers without the other's.
+    """
+    parent = np.random.SeedSequence([seed, epoch, WORKER, rank, worker] + ([leg] if leg else []))
+    merge, shuffle = parent.spawn(2)
+    return np.random.default_rng(merge), np.random.default_rng(shuffle)
 
 
 def augment_seed(seed: int, epoch: int, rank: int, worker: int, batch: int) -> int:

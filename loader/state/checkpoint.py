@@ -32,11 +32,12 @@ __all__ = [
     "shards_digest",
 ]
 
-STATE_VERSION = 4
-_READABLE_VERSIONS = (1, 2, 3, 4)
-# The shuffle drew its random numbers one at a time before version 4 (epoch/order.py): an older
-# state's epoch is replayed in another order, so it resumes only where an epoch starts.
-_SAME_ORDER_SINCE = 4
+STATE_VERSION = 5
+_READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# A worker's sample order changed with versions 4 (the shuffle's numbers drawn in blocks) and 5 (the
+# interleave picks a block at a time, each stage from a stream of its own: epoch/order.py): an
+# older state's epoch is replayed in another order, so it resumes only where an epoch starts.
+_SAME_ORDER_SINCE = 5
 # The settings a version before STATE_VERSION did not save yet (split and shards: since version 3); a
 # state of that version is not checked for them. Every other setting every version saves: a state
 # without one was edited, and is refused naming it (a state of dataset A with its shards removed

@@ -131,3 +131,23 @@ def test_a_resumed_order_keeps_few_steps_and_still_matches(monkeypatch, buffers)
     order = Order(seed=11, shuffle=True, buffer=64, initial=10)
     for skip in (0, 5000, 11_000, sum(sizes) - 30, sum(sizes)):
         _resumed_matches(sizes, order, skip)
+
+
+def test_a_resume_draws_the_order_of_few_blocks_whatever_the_skip(monkeypatch):
+    # Where the interleave stands after n items is a small draw a block of picks; the picks' order is
+    # drawn only for the blocks the buffer's last steps took items from: O(skip / block), no step an item.
+    ordered = []
+    next_block = order_module._Picks.next_block
+
+    def counting(self, at, *, order=True):
+        ordered.append(order)
+        return next_block(self, at, order=order)
+
+    monkeypatch.setattr(order_module._Picks, "next_block", counting)
+    sizes = [5000] * 400  # 2 M items
+    order = Order(seed=3, shuffle=True, buffer=1000, initial=100)
+    taken, buffer = order_module.replayed(sizes, order, skip=1_999_000, epoch=0, rank=0, worker=0, leg=0)
+    assert sum(taken) - len(buffer) == 1_999_000
+    blocks = 2_000_000 // order_module._BLOCK
+    assert len(ordered) <= 2 * blocks
+    assert ordered.count(True) <= 2 + (1 << 18) // order_module._BLOCK + 2
