@@ -34,7 +34,7 @@ from .partition import Segment, WorkerPlan
 __all__ = [
     "Layout",
     "Leg",
-    "delivered_positions",
+    "forget_delivered",
     "leg_counts",
     "plan",
     "rank_batches",
@@ -138,9 +138,7 @@ def remaining(layout: Layout, epoch: int, legs: tuple[Leg, ...]) -> np.ndarray:
             for worker, count in enumerate(partition.delivered_by_worker(k, n)):
                 p = _leg_plan(layout, epoch, left, rank=r, world_size=w, worker=worker, num_workers=n, leg=i)
                 skip = sum(p.sizes[:count])
-                keep[delivered_positions(layout, epoch, p, base, skip=skip, rank=r, worker=worker, leg=i)] = (
-                    False
-                )
+                forget_delivered(keep, layout, epoch, p, base, skip=skip, rank=r, worker=worker, leg=i)
         left = np.flatnonzero(keep)
     return left
 
@@ -190,7 +188,8 @@ def shard_bases(layout: Layout, epoch: int) -> np.ndarray:
     return base
 
 
-def delivered_positions(
+def forget_delivered(
+    keep: np.ndarray,
     layout: Layout,
     epoch: int,
     p: WorkerPlan,
@@ -200,11 +199,11 @@ def delivered_positions(
     rank: int,
     worker: int,
     leg: int,
-) -> np.ndarray:
-    """The virtual positions of the first ``skip`` samples the worker's pass yields (in no order).
+) -> None:
+    """Clear in ``keep`` (by virtual position) the first ``skip`` samples the worker's pass yields.
 
     :func:`.order.replayed` on the plan's runs: each run's first samples it took, less those its
-    shuffle buffer holds; vectorized, so a leg of 100 M samples is replayed in seconds, not minutes.
+    shuffle buffer holds; a slice a run, so a leg of 100 M samples is forgotten in about a second.
     """
     taken, held = replayed(
         [len(seg) for seg in p.segments],
@@ -215,23 +214,23 @@ def delivered_positions(
         worker=worker,
         leg=leg,
     )
-    parts = [_run_positions(seg, base, count) for seg, count in zip(p.segments, taken, strict=True) if count]
-    done = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    if held:
-        out = np.concatenate([[0], np.cumsum([len(part) for part in parts])])
-        runs = {k: n for n, k in enumerate(k for k, count in enumerate(taken) if count)}
-        still = [int(out[runs[k]]) + j for k, j in held]
-        done = np.delete(done, still)
-    return done
+    for seg, count in zip(p.segments, taken, strict=True):
+        first = int(base[seg.shard]) + seg.start
+        if not seg.skip:
+            keep[first : first + count] = False
+        elif count:
+            keep[_run_positions(seg, base)[:count]] = False
+    for k, j in held:  # taken, not given: still to come
+        seg = p.segments[k]
+        keep[int(base[seg.shard]) + seg.start + j if not seg.skip else _run_positions(seg, base)[j]] = True
 
 
-def _run_positions(seg: Segment, base: np.ndarray, count: int) -> np.ndarray:
-    """The virtual positions of the first ``count`` samples of ``seg``'s run (its skipped ones left out)."""
-    first = int(base[seg.shard])
-    if not seg.skip:
-        return np.arange(first + seg.start, first + seg.start + count, dtype=np.int64)
-    indices = np.setdiff1d(np.arange(seg.start, seg.stop, dtype=np.int64), np.fromiter(seg.skip, np.int64))
-    return first + indices[:count]
+def _run_positions(seg: Segment, base: np.ndarray) -> np.ndarray:
+    """The virtual positions of ``seg``'s run, its skipped samples left out."""
+    indices = np.arange(seg.start, seg.stop, dtype=np.int64)
+    if seg.skip:
+        indices = np.setdiff1d(indices, np.fromiter(seg.skip, np.int64, len(seg.skip)))
+    return int(base[seg.shard]) + indices
 
 
 def stream_positions(
