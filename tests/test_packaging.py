@@ -47,6 +47,8 @@ def test_wheel_holds_every_subpackage_under_imgshards(tmp_path):
         for p in (ROOT / f).rglob("*.py")
     }
     assert modules <= set(names), sorted(modules - set(names))
+    # PEP 561: users' type checkers read the annotations of every part of the namespace.
+    assert {f"imgshards/{f}/py.typed" for f in ("converter", "loader", "cli")} <= set(names)
     # `pip show imgshards` lists webdataset: the loader's pass is a webdataset pipeline.
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = re.findall(
