@@ -35,9 +35,13 @@ _BATCH = 8  # images in the batch the demo loads
 # for another torch (OSError), an extension module that does not link (ImportError), a missing
 # package (ModuleNotFoundError), a kernel that is not there (RuntimeError).
 _BROKEN = (ImportError, OSError, RuntimeError)
+# From one index: the one torch came from, or PyPI's where PyTorch's CPU index cannot be reached (pip
+# would mix a torch+cpu with a CUDA torchvision from PyPI again). The README's quick start says it too.
 _REINSTALL = (
-    "reinstall torch and its image libraries together (pip install --force-reinstall torch torchvision "
-    "torchcodec, from the index torch came from), then run imgshards demo again"
+    "reinstall torch and its image libraries together, from one index: pip install --force-reinstall "
+    "torch torchvision torchcodec --index-url URL, URL the index torch came from "
+    "(https://download.pytorch.org/whl/cpu for a CPU-only torch), or https://pypi.org/simple where "
+    "that one cannot be reached; then run imgshards demo again"
 )
 
 

@@ -7,17 +7,20 @@ A dataset is two things, each a public attribute: :attr:`PassDataset.spec`, the 
 the ranks, the counters, torchdata's state), which a :class:`~.dataloader.ShardLoader` drives. A pass
 starts from where the epoch stands and runs :mod:`.pipeline.passes` on the spec. A setting is read on
 the dataset as on its spec (``ds.batch_size`` is ``ds.spec.batch_size``: the spec holds it, once);
-setting one after the dataset is made is an error, not a silent change. :class:`ShardDataset` reads
-one split: a spec of one part; :class:`~.mix.MixedDataset` several.
+setting one after the dataset is made is an error, not a silent change, and so is setting a name one
+slip from a setting (``ds.shufle = True``, ``ds.batchsize = 32``, ``ds.sed = 7``), which would
+otherwise be a new attribute nothing reads. :class:`ShardDataset` reads one split: a spec of one
+part; :class:`~.mix.MixedDataset` several.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,6 +49,10 @@ __all__ = ["PassDataset", "ShardDataset"]
 
 # Not settings: set by a profiler (imgshards.loader.profiling).
 _SETTABLE = frozenset({"step_times"})
+# How alike (difflib's ratio) a new attribute's name and a setting's must be for the name to be taken
+# for a slip: "sed"/"seed" 0.86, "shufle"/"shuffle" 0.92, "batchsize"/"batch_size" 0.95; "note"/"mode" 0.5.
+_SLIP = 0.8
+_UNSET = object()
 
 
 @functools.cache
@@ -72,6 +79,14 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
     # The names of the maker's arguments: setting one afterwards is refused, naming the way to make a new one.
     _arguments: ClassVar[frozenset[str]] = frozenset()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass's own __init__ sets what attributes it likes (a name like a setting's included):
+        # the check for a slip (_slip) starts once the outermost __init__ has returned.
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            type.__setattr__(cls, "__init__", _building(init))
+
     def __init__(self, spec: Spec, rank: int | None, world_size: int | None) -> None:
         super().__init__()
         object.__setattr__(self, "spec", spec)
@@ -94,8 +109,14 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         return sorted({*super().__dir__(), *_settings()})
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if not name.startswith("_") and name not in _SETTABLE and self._is_setting(name):
-            raise SettingFixedError(self._fixed(name, value))
+        if not name.startswith("_") and name not in _SETTABLE:
+            if self._is_setting(name):
+                raise SettingFixedError(self._fixed(name, value))
+            if (meant := self._slip(name)) is not None:
+                raise SettingFixedError(
+                    f"{type(self).__name__} has no setting {name!r} (did you mean {meant!r}?): "
+                    f"{self._fixed(meant, value)}"
+                )
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
@@ -111,6 +132,26 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
             or name in ("spec", "progress")
             or isinstance(inspect.getattr_static(cls, name, None), property)
         )
+
+    def _slip(self, name: str) -> str | None:
+        """The setting that ``name``, a new attribute of a made dataset, is one slip from; else ``None``.
+
+        The rule that keeps subclasses and wrappers working: a name is taken for a slip only once the
+        dataset is made (every ``__init__`` of its class has returned: a subclass sets what it likes
+        there), only where the dataset has no attribute of that name yet (in its ``__dict__`` or on its
+        class: a subclass declares one there to set it later), and only where difflib finds it as
+        alike as ``_SLIP`` to a setting, a maker's argument or a read-only property. Any other new
+        attribute is set, as on any object (``ds.note = ...``).
+        """
+        if self.__dict__.get("_building") or name in self.__dict__:
+            return None
+        cls = type(self)
+        if inspect.getattr_static(cls, name, _UNSET) is not _UNSET:
+            return None
+        names = set(cls._arguments) | _settings()
+        names |= {n for n in dir(cls) if not n.startswith("_") and self._is_setting(n)}
+        close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=_SLIP)
+        return close[0] if close else None
 
     def _fixed(self, name: str, value: Any) -> str:
         """The one line refusing to set ``name`` after the dataset is made."""
@@ -260,6 +301,24 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         raw = raw_batches(self.spec, at, counters, clock)
         batches = worker_pass(self.spec, raw, at, counters, pool=pool, clock=clock)
         return self.progress.recorded(batches, at)
+
+
+def _building(init: Callable[..., None]) -> Callable[..., None]:
+    """``init``, counting in the dataset's ``_building`` that an ``__init__`` of it is running."""
+
+    @functools.wraps(init)
+    def __init__(self: PassDataset, *args: Any, **kwargs: Any) -> None:
+        depth = self.__dict__.get("_building", 0)
+        self.__dict__["_building"] = depth + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            if depth:
+                self.__dict__["_building"] = depth
+            else:
+                del self.__dict__["_building"]
+
+    return __init__
 
 
 class ShardDataset(PassDataset):

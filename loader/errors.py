@@ -40,6 +40,8 @@ class DatasetNotFoundError(ManifestError, FileNotFoundError):
 class SettingFixedError(ConfigError, AttributeError):
     """A dataset's setting set after the dataset was made: settings are fixed (make a new dataset).
 
+    Also raised for a new attribute whose name is one slip from a setting's (``ds.shufle = True``:
+    the message names ``shuffle``), which nothing would read (``PassDataset._slip`` says the rule).
     Also an ``AttributeError``, as setting any read-only attribute is in Python: code that tries
     ``setattr`` and falls back on ``AttributeError`` (a framework probing a dataset) goes on as it would.
     """

@@ -28,6 +28,7 @@ is one label, whichever source a sample comes from.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -67,7 +68,8 @@ class MixedDataset(PassDataset):
             batch (``drop_last`` is implied).
 
     Raises:
-        ConfigError: fewer than two sources, eval mode, ``drop_last=False``, or a weight too small
+        ConfigError: fewer than two sources, eval mode, ``drop_last=False``, a weight that is not a
+            finite positive number (or weights whose sum overflows a float), or a weight too small
             for the batch size; when a pass starts, a source with fewer samples a rank than its
             share of a batch.
 
@@ -97,6 +99,8 @@ class MixedDataset(PassDataset):
                 "a mix drops each source's partial last batch, so that every batch keeps the weights' "
                 "proportions: leave drop_last out"
             )
+        if weights is not None:
+            _check_weights(weights)
         o = {**_OPTIONS, **options}
         del o["rank"], o["world_size"]  # settled as each pass starts, by the epoch's progress
         spec = make_spec(sources, weights=weights, split=split, batch_size=batch_size, seed=seed, **o)
@@ -108,6 +112,32 @@ class MixedDataset(PassDataset):
         return (
             f"{type(self).__name__}([{roots}], weights={list(spec.weights)}, shares={spec.shares}, "
             f"batch_size={spec.batch_size}, rank={self.rank}/{self.world_size})"
+        )
+
+
+def _check_weights(weights: Sequence[float]) -> None:
+    """Refuse, in one line, a weight that is not a finite positive number, or weights whose sum overflows.
+
+    The batch is split by ``weight / sum(weights)``: an infinite weight made it NaN (an
+    ``AssertionError`` at the first batch), and ``[1e308, 1e308]`` an infinite sum (a batch of 2 for
+    ``batch_size=8``).
+    """
+    values: list[float] = []
+    for i, weight in enumerate(weights):
+        try:
+            value = float(weight)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(weight, bool) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(
+                f"weight {i} of the mix is {weight!r}: weights must be finite positive numbers, one a "
+                "source (only their ratios count: [3, 1] puts 3 samples of source 0 for 1 of source 1)"
+            )
+        values.append(value)
+    if not math.isfinite(sum(values)):
+        raise ConfigError(
+            f"the mix's weights {list(weights)} add up past the largest float: scale them down "
+            "(only their ratios count: [1, 1] mixes as [1e308, 1e308] would)"
         )
 
 

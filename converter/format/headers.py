@@ -17,6 +17,17 @@ progressive JPEGs have about 10 scans (libjpeg's default script), so more than :
 The bound defaults to Pillow's ``Image.MAX_IMAGE_PIXELS`` (about 89.5 million pixels, read when the
 check runs), the limit Pillow itself warns at; ``Image.MAX_IMAGE_PIXELS = None`` removes it, as it
 does in Pillow.
+
+The bound is on what a decoder makes, every frame of it (issue 50): a GIF's logical screen says
+nothing of its frames (a 55 KB GIF with a 1x1 screen holds a 12000x12000 frame, and Pillow grows
+its canvas to hold it), so :func:`image_size` walks every frame's descriptor; a TIFF's every page
+(image file directory) is read the same way. A walk reads at most :data:`MAX_WALK` blocks or
+directory entries, in bounded time; a header longer than that is refused. For a format read here by
+no walker, the read paths bound the size Pillow reads from its header before any pixel is decoded
+(:func:`pixel_excess` of ``im.size`` after ``Image.open``, before ``load()``); the formats Pillow opens
+without knowing the size of what it will decode (an ICO's icons, which Pillow decodes to open it, and
+an ICNS's embedded images) are refused by their magic bytes
+(:func:`~.imageformats.unbounded_format`).
 """
 
 from __future__ import annotations
@@ -27,10 +38,11 @@ from typing import Literal, NamedTuple
 
 from PIL import Image
 
-from .imageformats import JPEG
+from .imageformats import JPEG, unbounded_format
 
 __all__ = [
     "MAX_SCANS",
+    "MAX_WALK",
     "JpegError",
     "JpegHeader",
     "image_size",
@@ -71,8 +83,9 @@ def walk_jpeg(data: bytes | bytearray | memoryview, *, to_scan: bool) -> tuple[J
     """Walk a JPEG's marker segments from after SOI; return its frame header and where the walk stopped.
 
     Stops at the first frame header (``to_scan=False``; the offset is that segment's), or goes on to
-    the first start of scan (``to_scan=True``; the offset is where the scan's data begins). The
-    frame is ``None`` when a scan comes before any frame header.
+    the first start of scan (``to_scan=True``; the offset is where the scan's data begins; a second
+    frame header before it is an error, as in libjpeg). The frame is ``None`` when a scan comes
+    before any frame header.
 
     Raises:
         JpegError: the segments are corrupt, or the data ends before the walk does.
@@ -99,7 +112,11 @@ def walk_jpeg(data: bytes | bytearray | memoryview, *, to_scan: bool) -> tuple[J
         length = data[pos] << 8 | data[pos + 1]
         if length < 2:
             raise JpegError(f"corrupt JPEG segment length at byte {pos}", truncated=False)
-        if marker in _SOF and frame is None:
+        if marker in _SOF and frame is not None:
+            # libjpeg refuses a second frame header; Pillow reads its size, and makes the pixels of
+            # that size before libjpeg refuses: the size checked here must be the one decoded.
+            raise JpegError(f"a second JPEG frame header (SOF) at byte {pos - 2}", truncated=False)
+        if marker in _SOF:
             if pos + 8 > n:  # length (2), precision, height (2), width (2), components
                 raise JpegError("ends inside the JPEG frame header", truncated=True)
             height = data[pos + 3] << 8 | data[pos + 4]
@@ -250,12 +267,137 @@ def _pnm_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     return (numbers[0], numbers[1]) if len(numbers) == 2 else None
 
 
+MAX_WALK = 100_000
+"""The most blocks (GIF) or directory entries (TIFF) a header walk reads; an image needing more is refused.
+
+A real GIF takes about four a frame (its control block, its descriptor and the last, short block of
+each; the full 255-byte data blocks between cost none), a real TIFF one an entry of each page
+(about 15): 25,000 frames or 6,000 pages. The walk of a hostile header stops there, after tens of
+milliseconds.
+"""
+
+
+class _TooLong(Exception):
+    """A header walk needs more than :data:`MAX_WALK` steps."""
+
+
+class _Budget:
+    """The steps left to a header walk."""
+
+    def __init__(self) -> None:
+        self.left = MAX_WALK
+
+    def step(self, steps: int = 1) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise _TooLong
+
+
+def _skip_sub_blocks(data: bytes | bytearray | memoryview, pos: int, budget: _Budget) -> int:
+    """Where a chain of GIF data sub-blocks starting at ``pos`` ends (after its empty block).
+
+    Encoders write full 255-byte blocks but the last: those cost no step (the data's size bounds
+    them, a 256th of it); each shorter one costs one.
+    """
+    n = len(data)
+    while pos < n:
+        size = data[pos]
+        pos += 1 + size
+        if not size:
+            break
+        if size < 255:
+            budget.step()
+    return pos
+
+
+def _gif_size(data: bytes | bytearray | memoryview, budget: _Budget) -> tuple[int, int] | None:
+    """The canvas Pillow decodes a GIF into: its logical screen, grown to hold every frame.
+
+    Pillow's GIF reader enlarges the image to ``max(x0 + width)`` by ``max(y0 + height)`` over the
+    frames it reads: each frame's descriptor is read here (extensions and image data skipped, stray
+    bytes passed over one at a time as Pillow does), to the trailer or to where the data ends.
+    ``None`` for a header too short to hold a screen.
+    """
+    n = len(data)
+    if n < 13:
+        return None
+    width, height = _u16le(data, 6), _u16le(data, 8)
+    flags = data[10]
+    pos = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)  # the global colour table
+    while pos < n:
+        budget.step()
+        block = data[pos]
+        if block == 0x21:  # an extension: its label, then data sub-blocks
+            pos = _skip_sub_blocks(data, pos + 2, budget)
+        elif block == 0x2C and pos + 10 <= n:  # an image descriptor: where the frame lies
+            x0, y0 = _u16le(data, pos + 1), _u16le(data, pos + 3)
+            width = max(width, x0 + _u16le(data, pos + 5))
+            height = max(height, y0 + _u16le(data, pos + 7))
+            local = data[pos + 9]
+            pos += 10 + (3 << ((local & 7) + 1) if local & 0x80 else 0)
+            pos = _skip_sub_blocks(data, pos + 1, budget)  # after the LZW code size byte
+        elif block == 0x3B or block == 0x2C:  # the trailer, or a descriptor cut short
+            break
+        else:  # a stray byte: Pillow passes over it to the next block, and so does this walk
+            pos += 1
+    return width, height
+
+
+def _tiff_size(data: bytes | bytearray | memoryview, budget: _Budget) -> tuple[int, int] | None:
+    """The largest page of a TIFF (classic or BigTIFF): width and height of each image file directory.
+
+    Pages are the chain of directories Pillow seeks through (``n_frames``), each read whole (a
+    step an entry: about 15 in a real page). ``None`` where no page declares both sizes.
+    """
+    n = len(data)
+    order: Literal["little", "big"] = "little" if bytes(data[:2]) == b"II" else "big"
+
+    def uint(at: int, size: int) -> int:
+        return int.from_bytes(bytes(data[at : at + size]), order) if at + size <= n else 0
+
+    big = uint(2, 2) == 43
+    # Classic: 2-byte entry count, 12-byte entries, 4-byte offsets. BigTIFF: 8, 20 and 8.
+    count_size, entry_size, offset_size = (8, 20, 8) if big else (2, 12, 4)
+    at = uint(8, 8) if big else uint(4, 4)
+    largest: tuple[int, int] | None = None
+    seen: set[int] = set()
+    while at and at not in seen and at + count_size <= n:
+        seen.add(at)
+        budget.step()
+        count = uint(at, count_size)
+        width = height = 0
+        entries = min(count, (n - at - count_size) // entry_size)
+        budget.step(entries)
+        for k in range(entries):
+            entry = at + count_size + k * entry_size
+            tag, kind = uint(entry, 2), uint(entry + 2, 2)
+            value = entry + 4 + (8 if big else 4)
+            size = {3: 2, 4: 4, 16: 8}.get(kind, 0)  # SHORT, LONG, LONG8
+            if tag == 256:
+                width = uint(value, size)
+            elif tag == 257:
+                height = uint(value, size)
+        if width and height and (largest is None or width * height > largest[0] * largest[1]):
+            largest = (width, height)
+        at = uint(at + count_size + count * entry_size, offset_size)
+    return largest
+
+
 def image_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     """``(width, height)`` as an image's header declares it, without decoding; ``None`` if unknown.
 
-    Reads JPEG, PNG, WebP, BMP, GIF and PBM/PGM/PPM headers (TIFF and other formats: ``None``; Pillow's
-    own bound then applies when it opens them).
+    Reads JPEG, PNG, WebP, BMP, GIF, TIFF and PBM/PGM/PPM headers. Of a GIF, the canvas its frames
+    need (its logical screen grown to hold each one); of a TIFF, its largest page. Other formats, or
+    a GIF or TIFF header longer than :data:`MAX_WALK` steps: ``None`` (the read paths then bound the
+    size Pillow reads when it opens them, before it decodes).
     """
+    try:
+        return _image_size(data, _Budget())
+    except _TooLong:
+        return None
+
+
+def _image_size(data: bytes | bytearray | memoryview, budget: _Budget) -> tuple[int, int] | None:
     head = bytes(data[:4])
     if head[:3] == b"\xff\xd8\xff":
         frame = jpeg_header(data)
@@ -266,8 +408,10 @@ def image_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
         return _webp_size(data)
     if head[:2] == b"BM":
         return _bmp_size(data)
-    if head[:3] == b"GIF" and len(data) >= 10:
-        return _u16le(data, 6), _u16le(data, 8)
+    if head[:3] == b"GIF":
+        return _gif_size(data, budget)
+    if head in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):  # TIFF, BigTIFF
+        return _tiff_size(data, budget)
     if head[:1] == b"P" and head[1:2] in (b"1", b"2", b"3", b"4", b"5", b"6"):
         return _pnm_size(data)
     return None
@@ -296,10 +440,17 @@ def oversized(data: bytes | bytearray | memoryview, max_pixels: int | None = Non
 
     Returns:
         One line for a reject or skip reason, e.g. ``"declares 16000x16000 = 256,000,000 pixels,
-        more than the limit of 89,478,485"``; ``None`` when the size is within the bound or unknown.
+        more than the limit of 89,478,485"`` (of a GIF or TIFF, its largest frame or page), or why
+        no bound can hold (an ICO, a header too long to walk); ``None`` when the size is within the
+        bound or unknown (the caller then bounds what Pillow reads: :func:`pixel_excess`).
 
     """
     if pixel_limit(max_pixels) is None:
         return None
-    size = image_size(data)
+    if (name := unbounded_format(data)) is not None:
+        return f"{name} data, whose size Pillow learns only by decoding it: no pixel bound holds before that"
+    try:
+        size = _image_size(data, _Budget())
+    except _TooLong:
+        return f"a header of more than {MAX_WALK:,} blocks, frames or tags: too long to bound before decoding"
     return None if size is None else pixel_excess(*size, max_pixels)

@@ -39,6 +39,7 @@ __all__ = [
     "format_named",
     "member_name",
     "sniff",
+    "unbounded_format",
     "unsupported_format",
 ]
 
@@ -180,6 +181,19 @@ ALWAYS_CONVERTED = frozenset(f.name for f in FORMATS if not f.kept)
 
 # Formats recognised by their magic bytes only to say what they are: pack takes none of them.
 _UNSUPPORTED_MAGIC = ((b"GIF8", "GIF"), (b"\x00\x00\x01\x00", "ICO"), (b"%PDF", "PDF"))
+
+
+# Formats Pillow opens whose pixels it makes before their size is known to anyone: it decodes an ICO's
+# largest icon while opening it, and loads an ICNS's embedded PNG or JPEG 2000 at the size that image
+# declares, not at the one ``Image.open`` reports. No pixel bound can hold before their decode, so no
+# read path opens them (issue 50; ``headers.oversized`` refuses them).
+_UNBOUNDED_MAGIC = ((b"\x00\x00\x01\x00", "ICO"), (b"icns", "ICNS"))
+
+
+def unbounded_format(data: bytes | bytearray | memoryview) -> str | None:
+    """The format (ICO, ICNS) of ``data`` if Pillow learns its size only by decoding it; else ``None``."""
+    head = bytes(data[:4])
+    return next((name for magic, name in _UNBOUNDED_MAGIC if head == magic), None)
 
 
 def format_named(name: str) -> ImageFormat | None:

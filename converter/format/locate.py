@@ -106,9 +106,14 @@ def url_typo(root: object) -> str | None:
 
 
 def local_path(root: str | os.PathLike[str]) -> Path:
-    """A local path, ``file://`` prefix removed."""
+    """A local path, ``file://`` prefix removed and a leading ``~`` (or ``~user``) expanded.
+
+    ``ImageFolder("~/ds/train")`` and ``ShardDataset("~/ds")`` read the user's home, as torchvision's
+    ``ImageFolder`` does (it expands ``~``); the shell expands it on a command line, a string in a
+    script it never sees. A path without a leading ``~`` is returned as it is.
+    """
     text = os.fspath(root)
-    return Path(text[len(FILE_PREFIX) :] if text.startswith(FILE_PREFIX) else text)
+    return Path(os.path.expanduser(text[len(FILE_PREFIX) :] if text.startswith(FILE_PREFIX) else text))
 
 
 def not_a_dataset(path: Path) -> str:

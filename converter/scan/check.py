@@ -7,10 +7,12 @@ Three levels (``--check``):
     and truncation is caught where the format allows it without decoding: a JPEG must have an end
     marker (EOI) after its first scan, a PNG its ``IEND`` chunk, a WebP or BMP as many bytes as its
     header declares. TIFF and PPM/PGM are checked for their magic only. The pixel count the header
-    declares is bounded (``max_pixels``, default Pillow's ``Image.MAX_IMAGE_PIXELS``): a
-    decompression bomb is rejected as ``too_many_pixels``; so is the decode time of a JPEG: one
-    with more scans than ``headers.MAX_SCANS`` (100) is rejected as ``too_many_scans`` (see
-    :mod:`.format.headers`).
+    declares is bounded (``max_pixels``, default Pillow's ``Image.MAX_IMAGE_PIXELS``), every page of
+    a TIFF included, and so is the size Pillow reads when it opens the other formats, before a
+    pixel is decoded: a decompression bomb is rejected as ``too_many_pixels``; so is the decode time
+    of a JPEG: one with more scans than ``headers.MAX_SCANS`` (100) is rejected as
+    ``too_many_scans`` (see :mod:`.format.headers`). A JPEG with a second frame header, which
+    libjpeg refuses and whose second size Pillow would allocate first, is ``undecodable``.
 ``full``
     Also decodes every image with Pillow (after the header's bound): catches corrupt entropy-coded data.
 ``none``

@@ -19,7 +19,10 @@ decoder, so both paths keep and skip the same samples:
 - **Truncated** (no end-of-image marker ``FF D9`` at the end of the bytes): nvjpeg fills the missing
   rows with gray and returns an image, where the CPU decoder refuses it and the workers skip it. A
   JPEG with bytes after its end marker goes to the CPU decoder too (it reads them as the workers do).
-- **A header that does not parse**: the CPU decoder says why.
+- **A header that does not parse** (a second frame header included): the CPU decoder says why.
+- **Too costly** (more pixels than the bound, of any frame; too many scans; a format whose size is
+  known only by decoding it): the CPU decoder refuses it before any decode, as the workers' does.
+  Nothing here opens such bytes: Pillow decodes an ICO to open it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image
 
+from imgshards.converter.format.headers import JpegError, oversized, too_many_scans, walk_jpeg
 from imgshards.converter.format.imageformats import FORMATS, JPEG
 
 from ..errors import CorruptImageError
@@ -111,8 +115,15 @@ class Probe(NamedTuple):
 
 def probe(data: bytes | bytearray | memoryview, ext: str) -> Probe:
     """Read the header of one sample (``ext``: its format as named in the shard) without decoding it."""
+    if oversized(data) is not None or too_many_scans(data) is not None:
+        return Probe(False, 0, 0, "too costly")  # the CPU decoder refuses it, saying why
     if ext in _DEVICE_FORMATS and (header := jpeg_header(data)) is not None:
         h, w = header.height, header.width
+        try:  # to the first scan: a second frame header (Pillow and libjpeg differ on it) is refused
+            walk_jpeg(data, to_scan=True)
+        except JpegError as e:
+            if not e.truncated:
+                return Probe(False, h, w, "unparsed header")
         if header.components not in (1, 3):
             return Probe(False, h, w, "CMYK")
         if header.progressive:

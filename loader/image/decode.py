@@ -46,6 +46,7 @@ from imgshards.converter.format.headers import (
     JpegHeader,
     jpeg_header,
     oversized,
+    pixel_excess,
     too_many_scans,
 )  # one JPEG header walker, the converter's
 from imgshards.converter.format.imageformats import FORMATS, JPEG
@@ -200,8 +201,16 @@ JPEG_DECODER, _decode_jpeg = _jpeg_decoder()
 
 
 def _too_costly(data: bytes | bytearray | memoryview) -> str | None:
-    """Why ``data`` is refused before any decode (too many pixels or scans); ``None`` if it is not."""
+    """Why ``data`` is refused before any decode (too many pixels or scans); ``None`` if it is not.
+
+    Pixels as the header declares them, every frame of a GIF and every page of a TIFF included, or
+    a format whose size is known only by decoding it (:func:`~imgshards.converter.format.headers.oversized`).
+    """
     return oversized(data) or too_many_scans(data)
+
+
+class _Refused(Exception):
+    """Pillow opened an image whose size is past the pixel bound: refused before ``load()`` made a pixel."""
 
 
 class _Stderr:
@@ -289,9 +298,12 @@ def decode(
     """Decode one image (``ext`` is its format, as named in the shard) to RGB ``uint8 [3, H, W]``.
 
     The image's header is read first: one that declares more pixels than Pillow's
-    ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes), or
-    a JPEG with more scans than :data:`~imgshards.converter.format.headers.MAX_SCANS` (each scan a pass
-    over the whole image: thousands of them take minutes), is refused before any decode.
+    ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb: a few hundred bytes asking for gigabytes; of a
+    GIF or TIFF, any frame or page), or a JPEG with more scans than
+    :data:`~imgshards.converter.format.headers.MAX_SCANS` (each scan a pass over the whole image:
+    thousands of them take minutes), is refused before any decode. So is an image of any format
+    Pillow opens (it opens by content, whatever the member's name) whose size, read by Pillow from
+    its header, is past the bound: before ``load()`` makes its pixels.
 
     A JPEG that libjpeg decodes while warning that its data is damaged (``Corrupt JPEG data: premature
     end of data segment``: the rest of the image is grey) is returned; what libjpeg said goes to
@@ -317,6 +329,8 @@ def decode(
             return image
     try:
         array = np.array(_pillow(data, ext))
+    except _Refused as e:
+        raise CorruptImageError.for_sample(key, shard, str(e)) from None
     except _DECODE_ERRORS as e:
         raise CorruptImageError.for_sample(key, shard, f"{type(e).__name__}: {e}") from None
     return torch.from_numpy(array).permute(2, 0, 1)
@@ -326,9 +340,14 @@ def _pillow(data: bytes | bytearray | memoryview, ext: str) -> Image.Image:
     """Decode ``data`` with Pillow, as RGB the way pack would have stored it (:func:`_as_packed`), upright.
 
     The one Pillow decode of :func:`decode` (every format but a JPEG libjpeg-turbo took) and
-    :func:`pil_image`; it raises what Pillow raises (``_DECODE_ERRORS``), the callers say it their way.
+    :func:`pil_image`; it raises what Pillow raises (``_DECODE_ERRORS``), or :class:`_Refused` for
+    an image past the pixel bound, and the callers say it their way.
     """
     with Image.open(io.BytesIO(data)) as im:
+        # Pillow opens any format it knows (by content, not by name) reading its header only: the size
+        # of what load() decodes is known now, before a pixel is made (headers.py walks the rest).
+        if (excess := pixel_excess(*im.size)) is not None:
+            raise _Refused(excess)
         im.load()  # the pixels, read before the file closes
         # A JPEG without an Exif segment has no orientation: getexif() would cost 0.2 ms to say so.
         turn = 1 if ext in _LIBJPEG_FORMATS and "exif" not in im.info else orientation(im)
@@ -373,6 +392,8 @@ def pil_image(data: bytes | bytearray | memoryview, ext: str) -> Image.Image:
         raise ValueError(too_costly)
     try:
         return _pillow(data, ext)
+    except _Refused as e:
+        raise ValueError(str(e)) from None
     except _DECODE_ERRORS as e:
         raise ValueError(f"{type(e).__name__}: {e}") from None
 
@@ -454,8 +475,9 @@ class OpenJpeg:
 def open_jpeg(data: bytes | bytearray | memoryview) -> Iterator[OpenJpeg | None]:
     """The JPEG ``data`` opened for a reduced decode; ``None`` where :func:`decode` must take it.
 
-    ``None``: refused before decode (too many pixels or scans; :func:`decode` says why), or not a
-    JPEG Pillow opens. Only the headers are read here (Pillow opens lazily).
+    ``None``: refused before decode (too many pixels or scans, in the bytes or in the size Pillow
+    read; :func:`decode` says why), or not a JPEG Pillow opens. Only the headers are read here
+    (Pillow opens lazily).
     """
     if _too_costly(data) is not None:
         yield None
@@ -463,6 +485,10 @@ def open_jpeg(data: bytes | bytearray | memoryview) -> Iterator[OpenJpeg | None]
     try:
         image = Image.open(io.BytesIO(data), formats=[JPEG.pillow])
     except _DECODE_ERRORS:
+        yield None
+        return
+    if pixel_excess(*image.size) is not None:  # a size Pillow read past the first frame header
+        image.close()
         yield None
         return
     with image:

@@ -16,6 +16,7 @@ samples, then ``max_lost``). A lost sample's count goes from the run that lacks 
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from collections.abc import Iterator
 from fractions import Fraction
@@ -105,6 +106,24 @@ class EpochSpec(Protocol):
         ...
 
 
+def _whole_epoch(epoch: object) -> int:
+    """``epoch`` as an int, or a one-line ConfigError: a fraction, a flag or a string is no epoch."""
+    value: int | None = None
+    if isinstance(epoch, float):
+        value = int(epoch) if epoch.is_integer() else None
+    elif not isinstance(epoch, bool):
+        try:
+            value = operator.index(epoch)  # type: ignore[arg-type]
+        except TypeError:
+            value = None
+    if value is None or not 0 <= value <= MAX_EPOCH:
+        raise ConfigError(
+            f"epoch must be a whole number from 0 to {MAX_EPOCH}, got {epoch!r}: pass the epoch's "
+            "number as an int (a pass reads a whole epoch; to resume inside one, load a state_dict)"
+        )
+    return value
+
+
 class EpochProgress:
     """Where a dataset's epoch is, shared with its DataLoader workers, and what its passes lost.
 
@@ -149,9 +168,15 @@ class EpochProgress:
         return self.control.cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass read epoch ``epoch`` from its start (see the dataset's ``set_epoch``)."""
-        if not 0 <= epoch <= MAX_EPOCH:
-            raise ConfigError(f"epoch must be an integer from 0 to {MAX_EPOCH}, got {epoch}")
+        """Make the next pass read epoch ``epoch`` from its start (see the dataset's ``set_epoch``).
+
+        Raises:
+            ConfigError: ``epoch`` is not a whole number from 0 to ``MAX_EPOCH`` (an int, a numpy or
+                torch integer, or a float with nothing after its point): ``1.5`` is refused, not
+                read as epoch 1.
+
+        """
+        epoch = _whole_epoch(epoch)
         if epoch != self.cursor.epoch or not self.cursor.fresh():
             self.cursor.seek(epoch, (), 0)
 

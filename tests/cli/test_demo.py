@@ -85,12 +85,28 @@ def test_a_loader_that_does_not_import_fails_the_demo_in_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [
         "Error: imgshards.loader does not work on this install (OSError: libtorch_cpu.so: cannot open "
-        "shared object file: No such file): reinstall torch and its image libraries together (pip install "
-        "--force-reinstall torch torchvision torchcodec, from the index torch came from), then run "
-        "imgshards demo again"
+        "shared object file: No such file): reinstall torch and its image libraries together, from one "
+        "index: pip install --force-reinstall torch torchvision torchcodec --index-url URL, URL the index "
+        "torch came from (https://download.pytorch.org/whl/cpu for a CPU-only torch), or "
+        "https://pypi.org/simple where that one cannot be reached; then run imgshards demo again"
     ]
     doc = json.loads(_demo(tmp_path / "json", fake, "--json").stdout)
     assert doc["verify"]["ok"] and doc["load"]["ok"] is False and "libtorch_cpu.so" in doc["load"]["error"]
+
+
+def test_the_reinstall_line_and_the_readme_say_what_to_run_without_pytorchs_cpu_index():
+    # Issue 50, point 19: "from the index torch came from" repeats the mix where that index (PyTorch's
+    # CPU one) cannot be reached: pip takes a CUDA torchvision from PyPI beside a torch+cpu. Both say
+    # to take the three from PyPI's index alone then, in one command that replaces torch too.
+    from imgshards.cli.demo import _REINSTALL
+
+    fallback = (
+        "pip install --force-reinstall torch torchvision torchcodec --index-url https://pypi.org/simple"
+    )
+    assert "https://pypi.org/simple where that one cannot be reached" in _REINSTALL
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start") : readme.index("Extras, from the clone too")]
+    assert fallback in quick_start and "cannot be reached" in quick_start
 
 
 def test_the_command_line_imports_no_torch_until_the_demo_loads():

@@ -331,16 +331,19 @@ def test_resume_refuses_a_state_of_another_split_or_dataset(two_splits, packed_m
 
 
 def test_a_state_saved_mid_epoch_by_an_older_order_is_refused_naming_the_way_out(two_splits):
-    """Version 4 changed the shuffle's draws (issue 37): an older mid-epoch state replays another order."""
+    """Versions 4 and 5 changed the order's draws (issues 37, 49): an older mid-epoch state replays another order."""
     ld = make_loader(dataset(two_splits), num_workers=0)
     next(iter(ld))
     state = ld.state_dict()
-    assert state["version"] == 4 and state["batches"] > 0
+    assert state["version"] == 5 and state["batches"] > 0
     fresh = make_loader(dataset(two_splits), num_workers=0)
-    with pytest.raises(ResumeError, match=r"version 3\) was saved mid-epoch .* loader\.set_epoch\(0\)"):
-        fresh.load_state_dict(state | {"version": 3})
+    for older in (3, 4):
+        with pytest.raises(
+            ResumeError, match=rf"version {older}\) was saved mid-epoch .* loader\.set_epoch\(0\)"
+        ):
+            fresh.load_state_dict(state | {"version": older})
     assert fresh.epoch == 0
-    fresh.load_state_dict(state | {"version": 3, "batches": 0})  # where an epoch starts: the same
+    fresh.load_state_dict(state | {"version": 4, "batches": 0})  # where an epoch starts: the same
     assert len(list(fresh)) == len(fresh)
 
 

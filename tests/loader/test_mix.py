@@ -108,3 +108,23 @@ def test_a_mix_that_lost_more_than_max_lost_names_every_source(sources):
         ShardReadError, match=rf"lost 16 of its 152 .* at {a}, {b} .*`imgshards verify {a}` and"
     ):
         mix.progress.check_lost(0, 16)
+
+
+def test_weights_that_are_not_finite_or_overflow_are_refused_when_the_mix_is_made(packed_many, packed_few):
+    # Issue 50, point 15: [inf, 1] ended in an AssertionError at the first batch, [1e308, 1e308] in
+    # batches of 2 for a batch size of 8.
+    a, b = packed_many, packed_few
+    for weights, said in (
+        ([float("inf"), 1], "weight 0 of the mix is inf: weights must be finite positive numbers"),
+        ([1, float("nan")], "weight 1 of the mix is nan: weights must be finite positive numbers"),
+        ([1, -2], "weight 1 of the mix is -2: "),
+        ([True, 1], "weight 0 of the mix is True: "),
+        (["3", None], "weight 1 of the mix is None: "),
+        ([1e308, 1e308], "the mix's weights [1e+308, 1e+308] add up past the largest float: scale them down"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            MixedDataset([a, b], weights=weights, batch_size=8, transform=IDENTITY)
+        assert str(e.value).startswith(said) and "\n" not in str(e.value), str(e.value)
+    mix = MixedDataset([a, b], weights=[1e307, 1e307], batch_size=8, transform=IDENTITY)
+    assert mix.shares == [4, 4]  # only the ratios count
+    assert all(len(batch.labels) == 8 for batch in make_loader(mix, num_workers=0))

@@ -106,6 +106,24 @@ def test_a_plain_dataloader_reads_a_new_epoch_each_pass(packed_many, lookup_many
     assert lookup_many.run_keys(loader) == passes[2]
 
 
+def test_set_epoch_takes_a_whole_number_and_refuses_a_fraction_in_one_line(packed_many):
+    # Issue 50, point 15: set_epoch(1.5) was read as epoch 1, silently.
+    import numpy as np
+
+    ds = dataset(packed_many)
+    loader = make_loader(ds, num_workers=0)
+    for bad in (1.5, float("nan"), float("inf"), -1, True, "2", 2**63):
+        for target in (ds, loader):
+            with pytest.raises(ConfigError) as e:
+                target.set_epoch(bad)
+            message = str(e.value)
+            assert message.startswith("epoch must be a whole number from 0 to ") and f"got {bad!r}" in message
+            assert "\n" not in message and ds.epoch == 0
+    for good, epoch in ((3, 3), (np.int64(4), 4), (torch.tensor(5), 5), (6.0, 6)):
+        ds.set_epoch(good)
+        assert ds.epoch == epoch and type(ds.epoch) is int
+
+
 @pytest.mark.parametrize("persistent", [True, False])
 def test_a_plain_dataloader_peek_or_break_does_not_shorten_the_next_pass(
     packed_many, lookup_many, persistent

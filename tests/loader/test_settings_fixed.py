@@ -158,3 +158,64 @@ def test_a_refused_setting_is_an_attribute_error_as_python_has_it(packed_many):
     with pytest.raises(AttributeError):
         ds.shuffle_buffer = 5
     assert ds.shuffle_buffer == 40 and hasattr(ds, "seed")
+
+
+# ---- a name one slip from a setting (issue 50, point 14) -------------------------------------------
+
+SLIPS = {
+    "shufle": "shuffle",
+    "batchsize": "batch_size",
+    "sed": "seed",
+    "transforms": "transform",
+    "epoh": "epoch",
+}
+
+
+def test_a_name_one_slip_from_a_setting_is_refused_naming_the_setting(make):
+    # Before, ds.shufle = True was a new attribute nothing read: the dataset shuffled as made.
+    ds = make()
+    kind = type(ds).__name__
+    for name, meant in SLIPS.items():
+        message = refused(ds, name, 7)
+        assert message.startswith(f"{kind} has no setting {name!r} (did you mean {meant!r}?): "), message
+        assert not hasattr(ds, name), name
+    assert refused(ds, "shufle", True).endswith(f"{kind}(..., shuffle=True)")
+    assert "call set_epoch(7)" in refused(ds, "epoh", 7)
+    ds.note = "a user's own attribute"  # like no setting: set, as before
+    ds.batch_note = 1
+    assert ds.note and ds.batch_note == 1
+
+
+class Subclassed(ShardDataset):
+    """A user's subclass: its __init__ sets attributes of its own, some named like settings."""
+
+    label_names: list[str] | None = None  # declared on the class: settable later, whatever its name
+
+    def __init__(self, root, **kwargs):
+        self.sed = "set before the dataset is made"
+        super().__init__(root, **kwargs)
+        self.transforms = "a subclass's own"  # one slip from "transform": its __init__ may
+        self.extra = 1
+
+
+def test_a_subclass_sets_its_own_attributes_and_keeps_pickling_and_workers(packed_many):
+    import copy
+    import pickle
+
+    ds = Subclassed(packed_many, batch_size=8, transform=IDENTITY, seed=3)
+    assert ds.transforms == "a subclass's own" and ds.sed and ds.seed == 3
+    # Their signatures are their own __init__'s (documentation and introspection read them).
+    assert list(inspect.signature(Subclassed).parameters) == ["root", "kwargs"]
+    assert list(inspect.signature(ShardDataset).parameters)[:2] == ["source", "split"]
+    ds.transforms = "set again"  # an attribute it has: set
+    ds.label_names = ["a"]  # declared by the subclass
+    with pytest.raises(SettingFixedError, match="did you mean 'batch_size'"):
+        ds.batchsize = 32  # made: a slip is refused
+    for twin in (pickle.loads(pickle.dumps(ds)), copy.copy(ds), copy.deepcopy(ds)):
+        assert twin.transforms == "set again" and twin.seed == 3
+        with pytest.raises(SettingFixedError):
+            twin.shufle = False
+    batches = list(make_loader(ds, num_workers=2))  # the workers get the dataset pickled or forked
+    assert len(batches) == len(ds)
+    with pytest.raises(SettingFixedError, match="did you mean 'transform'"):
+        ShardDataset(packed_many, batch_size=8).transforms = IDENTITY  # not a subclass: refused

@@ -24,14 +24,19 @@ from imgshards.cli.main import cli
 from imgshards.converter import PackConfig, Reason, pack
 from imgshards.converter.format.headers import (
     MAX_SCANS,
+    MAX_WALK,
+    JpegError,
     image_size,
     jpeg_header,
     jpeg_scans,
     oversized,
     pixel_limit,
     too_many_scans,
+    walk_jpeg,
 )
 from imgshards.converter.scan.check import Check, inspect_image
+
+from ...bombs import gif, jpeg_two_frames, tiff
 
 
 def small(fmt: str, size: tuple[int, int] = (8, 8), **params: object) -> bytes:
@@ -110,7 +115,14 @@ FORMATS = [
     ("WEBP", {}),
     ("WEBP", {"lossless": True}),
 ]
-FORMATS += [("BMP", {}), ("GIF", {}), ("PPM", {}), ("PPM-L", {})]
+FORMATS += [
+    ("BMP", {}),
+    ("GIF", {}),
+    ("PPM", {}),
+    ("PPM-L", {}),
+    ("TIFF", {}),
+    ("TIFF", {"compression": "tiff_lzw"}),
+]
 
 
 @pytest.mark.parametrize(("fmt", "params"), FORMATS)
@@ -118,6 +130,69 @@ def test_image_size_reads_what_pillow_reads(fmt, params):
     data = small(fmt, (37, 23), **params)
     with Image.open(io.BytesIO(data)) as im:
         assert image_size(data) == im.size == (37, 23)
+
+
+def _frame_sizes(data: bytes) -> list[tuple[int, int]]:
+    """The size Pillow gives each frame of ``data`` (it decodes the frames before the last: tiny ones)."""
+    sizes = []
+    with Image.open(io.BytesIO(data)) as im:
+        for frame in range(im.n_frames):
+            im.seek(frame)
+            sizes.append(im.size)
+    return sizes
+
+
+def test_image_size_reads_every_frame_of_a_gif_and_every_page_of_a_tiff():
+    # Issue 50: the logical screen says nothing of the frames; Pillow grows its canvas to hold each.
+    past_the_screen = gif((1, 1), (0, 0, 40, 30))
+    assert image_size(past_the_screen) == _frame_sizes(past_the_screen)[-1] == (40, 30)
+    later = gif((10, 10), (0, 0, 2, 2), (30, 5, 4, 4))  # a later frame, placed past the screen
+    assert _frame_sizes(later) == [(10, 10), (34, 10)] and image_size(later) == (34, 10)
+    # A stray byte before a descriptor: Pillow passes over it, and so does the walk.
+    stray = later.replace(b"\x00,\x1e\x00", b"\x00\x07,\x1e\x00")
+    assert stray != later and _frame_sizes(stray) == [(10, 10), (34, 10)] and image_size(stray) == (34, 10)
+    pages = tiff((3, 2), (40, 30), (5, 5))
+    assert _frame_sizes(pages) == [(3, 2), (40, 30), (5, 5)] and image_size(pages) == (40, 30)
+    assert oversized(pages, max_pixels=1199) == "declares 40x30 = 1,200 pixels, more than the limit of 1,199"
+    assert oversized(pages, max_pixels=1200) is None
+    for cut in (past_the_screen[:12], pages[:6], b"GIF89a", b"II*\x00"):
+        assert image_size(cut) is None or image_size(cut) == (1, 1)  # never an error
+
+
+def test_a_header_walk_is_bounded():
+    # A comment extension of MAX_WALK + 1 one-byte blocks before the frame: refused after the walk's
+    # budget, in milliseconds, not walked to its end.
+    screen = gif((4, 4), (0, 0, 4, 4))
+    comment = b"!\xfe" + b"\x01x" * (MAX_WALK + 1) + b"\x00"
+    long = screen[:19] + comment + screen[19:]
+    start = time.perf_counter()
+    assert image_size(long) is None
+    assert oversized(long) == (
+        f"a header of more than {MAX_WALK:,} blocks, frames or tags: too long to bound before decoding"
+    )
+    assert time.perf_counter() - start < 1.0
+    # A TIFF whose directory names itself as the next one: walked once.
+    looped = bytearray(tiff((40, 30)))
+    first = struct.unpack_from("<I", looped, 4)[0]
+    struct.pack_into("<I", looped, len(looped) - 4, first)
+    assert image_size(bytes(looped)) == (40, 30)
+    # A directory claiming 65,535 entries in a file of a few: read as far as the file goes.
+    struct.pack_into("<H", looped, first, 65535)
+    assert image_size(bytes(looped)) in ((40, 30), None)
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_a_jpeg_with_a_second_frame_header_is_refused_by_the_walk_to_its_scan():
+    # libjpeg refuses it; Pillow reads the second size (the last it meets) and makes that image first.
+    data = jpeg_two_frames(12000, 12000)
+    assert jpeg_header(data) == (8, 8, 3, False)  # the first frame header, as before
+    with Image.open(io.BytesIO(data)) as im:
+        assert im.size == (12000, 12000)
+    with pytest.raises(JpegError, match="a second JPEG frame header") as e:
+        walk_jpeg(data, to_scan=True)
+    assert not e.value.truncated
+    verdict = inspect_image(data, ".jpg", Check.HEADER)
+    assert verdict.reason is Reason.UNDECODABLE and verdict.detail.startswith("a second JPEG frame header")
 
 
 def test_jpeg_header_reads_the_size_of_a_file_cut_after_its_frame_header():
