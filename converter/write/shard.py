@@ -41,6 +41,7 @@ from PIL import Image
 
 from ..engines.pool import add_progress
 from ..format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
+from ..format.headers import oversized, pixel_excess
 from ..format.imageformats import JPEG
 from ..format.imagesizes import size_key
 from ..format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
@@ -224,11 +225,20 @@ def _load_buckets(buckets: tuple[str, ...], count: int, shard: str, root: Path) 
     return cast(list[bytes | OSError], files)
 
 
-def _reencode(data: bytes, resize: int, quality: int) -> tuple[bytes, Inspection]:
-    """Return RGB JPEG bytes with the shorter side at most ``resize`` (never upscaled)."""
+def _reencode(
+    data: bytes, resize: int, quality: int, max_pixels: int | None = None
+) -> tuple[bytes, Inspection]:
+    """Return RGB JPEG bytes with the shorter side at most ``resize`` (never upscaled).
+
+    Raises:
+        ValueError: the image opens with more pixels than the bound (before any is decoded).
+
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # palette-with-transparency notices and the like
         with Image.open(io.BytesIO(data)) as im:
+            if excess := pixel_excess(*im.size, max_pixels):  # a format no header walker reads
+                raise ValueError(excess)
             if im.format == JPEG.pillow and im.mode == "RGB" and min(im.size) <= resize:
                 # Already what we would write: spare it a second generation of loss.
                 return data, Inspection(ext="jpg", width=im.width, height=im.height)
@@ -378,11 +388,14 @@ def stored_image(
     verdict = inspect_image(data, os.path.splitext(rel)[1].lower(), check, max_pixels)
     if verdict.reason is not None:
         return Reject(rel, verdict.reason, verdict.detail)
+    # HEIC and AVIF are converted even where formats are kept: no shard reader decodes them.
+    target = image_format or ("jpg" if verdict.ext in ALWAYS_CONVERTED else None)
+    decoded = resize is not None or (target is not None and verdict.ext != target)
+    if decoded and (excess := oversized(data, max_pixels)):  # the pixel bound, --check none too
+        return Reject(rel, Reason.TOO_MANY_PIXELS, excess)
     try:
         if resize is not None:
-            return (*_reencode(data, resize, quality), ())
-        # HEIC and AVIF are converted even where formats are kept: no shard reader decodes them.
-        target = image_format or ("jpg" if verdict.ext in ALWAYS_CONVERTED else None)
+            return (*_reencode(data, resize, quality, max_pixels), ())
         if target is None or verdict.ext == target:
             return data, verdict, ()
         image = convert_image(data, str(verdict.ext), target)
