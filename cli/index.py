@@ -1,4 +1,8 @@
-"""``imgshards index DST``: DST, as in every command, is the dataset's directory (or URL)."""
+"""``imgshards index DST``: DST, as in every command, is the dataset's directory (or URL).
+
+``imgshards index --upgrade DST`` rewrites an index of format 1 as format 2 (its tables as files),
+reading and changing no shard (:func:`~imgshards.converter.upgrade_index`).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from imgshards.converter import IndexConfig, read_classes
+from imgshards.converter import IndexConfig, UpgradeResult, read_classes, upgrade_index
 from imgshards.converter import index as index_shards
 from imgshards.converter.format.errors import UnreadableSamplesError, shown
 from imgshards.converter.format.locate import redact_url
@@ -49,24 +54,44 @@ __all__ = ["index"]
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the summary."
 )
 @click.option("-q", "--quiet", is_flag=True, help="No summary and no progress; warnings still go to stderr.")
+@click.option(
+    "--upgrade",
+    is_flag=True,
+    help="Rewrite DST's index of format 1 (imgshards before 0.2: the tables inside index.json) as "
+    "format 2, reading and changing no shard; an index of format 2 is left as it is.",
+)
 @storage_option
+@click.pass_context
 def index(
+    ctx: click.Context,
     dst: Path | str,
     classes_file: Path | None,
     progress: bool | None,
     as_json: bool,
     quiet: bool,
+    upgrade: bool,
     storage_options: dict[str, object],
     **options: object,
 ) -> None:
     """Write index.json for WebDataset shards in DST (directory or URL) that another tool wrote.
 
     Reads every shard once (never writes to one): counts its samples, hashes it and reads each
-    sample's label, then writes DST/index.json and timm's DST/_info.json. Afterwards the loader,
-    verify, info and bench read DST like a packed dataset. Run it once per split (--split, --shards).
+    sample's label, then writes the split's tables, DST/index.json and timm's DST/_info.json.
+    Afterwards the loader, verify, info and bench read DST like a packed dataset. Run it once per
+    split (--split, --shards). With --upgrade, rewrites an index of format 1 as format 2 instead.
     """
     if isinstance(dst, Path) and storage_options:
         raise click.UsageError("--storage-option applies to a URL only")
+    if upgrade:
+        given = [
+            "--" + name.replace("_file", "").replace("_", "-")
+            for name in ("split", "shards", "label_field", "classes_file", "overwrite", "workers")
+            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+        ]
+        if given:
+            raise click.UsageError(f"--upgrade reads no shard: {', '.join(given)} does not apply")
+        _upgraded(dst, upgrade_index(dst, storage_options=storage_options), as_json, quiet)
+        return
     try:
         config = IndexConfig(
             classes=read_classes(classes_file) if classes_file else None,
@@ -115,8 +140,35 @@ def index(
         f"(shuffled shards would hold {result.shuffled_classes_per_shard:.1f})"
     )
     click.echo(
-        f"  wrote {shown(redact_url(str(join(dst, 'index.json'))))} and _info.json; the shards are unchanged"
+        f"  wrote {shown(redact_url(str(join(dst, 'index.json'))))}, _info.json and "
+        f"{plural(len(info.tables), 'table file')}; the shards are unchanged"
     )
+
+
+def _upgraded(dst: Path | str, result: UpgradeResult, as_json: bool, quiet: bool) -> None:
+    """What ``index --upgrade`` did, in one line (or one JSON document)."""
+    where = shown(redact_url(str(join(dst, "index.json"))))
+    if as_json:
+        doc = {
+            "index": redact_url(str(join(dst, "index.json"))),
+            "upgraded": result.changed,
+            "version_found": result.version,
+            "version": result.manifest.version,
+            "table_files": result.table_files,
+            "table_bytes": result.table_bytes,
+        }
+        click.echo(json.dumps(doc, indent=1))
+    elif quiet:
+        return
+    elif result.changed:
+        splits = len(result.manifest.splits)
+        click.echo(
+            f"upgraded {where} from format {result.version} to {result.manifest.version}: "
+            f"{plural(result.table_files, 'table file')} ({format_bytes(result.table_bytes)}) for "
+            f"{plural(splits, 'split')}; the shards are unchanged"
+        )
+    else:
+        click.echo(f"{where} is already format {result.version}: nothing to upgrade, nothing changed")
 
 
 def _some(names: tuple[str, ...]) -> str:

@@ -1,23 +1,32 @@
-"""``imgshards info DST``."""
+r"""``imgshards info DST``: what the index says (O(shards): no table file and no shard is read).
+
+``--json`` prints the index as strict JSON (UTF-8, no lone surrogate): a name that is not UTF-8 (a
+folder named by other bytes, which Python reads as surrogate escapes) shows each such byte as the
+four characters ``\xNN`` (:func:`as_text`). Format 1's per-sample tables (base64 inside its index)
+are left out, as format 2's files are: the document is of the shards, not the samples.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
-from imgshards.converter import read_manifest
+from imgshards.converter import Manifest, read_manifest
 from imgshards.converter.format.errors import shown
 from imgshards.converter.format.locate import redact_url
+from imgshards.converter.format.manifest import FORMAT_VERSION
 from imgshards.converter.format.remotefs import with_timeouts
 
 from .exits import CantRun
 from .options import format_bytes, plural
 from .storage import PathOrURL, storage_option, timeout_option
 
-__all__ = ["info"]
+__all__ = ["as_text", "info"]
 
 
 @click.command()
@@ -45,15 +54,23 @@ def info(
         )
     chosen = sorted(set(splits) or manifest.splits)
     if as_json:
-        doc = manifest.to_json()
+        doc = _document(manifest)
         doc["splits"] = {name: split for name, split in doc["splits"].items() if name in chosen}
-        # Strict JSON (no NaN: the index check refuses it); a recorded source's password hidden.
-        click.echo(redact_url(json.dumps(doc, indent=1, allow_nan=False)))
+        # Strict JSON (no NaN: the index check refuses it; no lone surrogate); a source's password hidden.
+        click.echo(redact_url(json.dumps(as_text(doc), indent=1, allow_nan=False)))
         return
     names = ", ".join(map(shown, manifest.classes[:5])) + (", ..." if len(manifest.classes) > 5 else "")
+    where = shown(redact_url(str(dst)))
     click.echo(
-        f"{shown(redact_url(str(dst)))}: {plural(len(manifest.classes), 'class', 'classes')} ({names})"
+        f"{where}: {plural(len(manifest.classes), 'class', 'classes')} ({names}); "
+        f"index format {manifest.version}"
     )
+    if manifest.version < FORMAT_VERSION:
+        click.echo(
+            f"  format {manifest.version} holds every sample's tables inside index.json, which each "
+            f"process reads whole: `imgshards index --upgrade {where}` rewrites it as format "
+            f"{FORMAT_VERSION}, reading and changing no shard"
+        )
     for name in chosen:
         split = manifest.splits[name]
         sizes = [s.bytes for s in split.shards]
@@ -72,6 +89,42 @@ def info(
             click.echo(f"    per class: {balance(manifest.classes, split.class_counts)}")
         reasons = ", ".join(f"{shown(r)} {n:,}" for r, n in split.rejects_by_reason.items()) or "none"
         click.echo(f"    rejected: {split.rejects_total:,} ({reasons})")
+
+
+def _document(manifest: Manifest) -> dict[str, Any]:
+    """The index as JSON, of the version read; format 1's inline tables left out (O(samples))."""
+    bare = Manifest(
+        manifest.classes,
+        {
+            name: replace(split, shards=tuple(s.without_tables() for s in split.shards))
+            for name, split in manifest.splits.items()
+        },
+    )
+    return {**bare.to_json(), "version": manifest.version}
+
+
+def as_text(value: Any) -> Any:
+    r"""``value`` (JSON: dicts, lists, strings...) with every string valid Unicode, as strict JSON wants.
+
+    A name read from bytes that are not UTF-8 holds lone surrogates (``\udcff``, Python's escape of
+    the byte 0xFF), which ``json.dumps`` writes as ``"\udcff"`` and strict parsers refuse; here each
+    such byte is the text ``\xff`` instead (a backslash, ``x`` and two hex digits).
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            try:
+                raw = value.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a surrogate no byte gives (a hostile index's \ud800)
+                raw = value.encode("utf-8", "surrogatepass")
+            return raw.decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {as_text(k): as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_text(v) for v in value]
+    return value
 
 
 def balance(classes: Sequence[str], counts: Sequence[int]) -> str:

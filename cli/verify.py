@@ -38,7 +38,10 @@ def verify(
     storage_options: dict[str, object],
     timeout: float,
 ) -> None:
-    """Re-hash and recount every shard in DST (directory or URL) against its index.
+    """Re-hash and recount every shard in DST (directory or URL) against its index, and its tables.
+
+    Each table file of the index (its size, SHA-256), then each shard: its size, SHA-256, samples,
+    labels, and the tables' entries for its samples (start, key, class id).
 
     Exit status: 0 every shard matches, 1 a mismatch (the data is bad), 2 cannot run (no index, a
     server that does not answer...).
@@ -59,6 +62,7 @@ def verify(
             "index": redact_url(str(index)),
             "ok": report.ok,
             "shards": report.shards,
+            "tables": report.tables,
             "samples": report.samples,
         }
         click.echo(json.dumps({**doc, "problems": problems}, indent=1))
@@ -74,7 +78,8 @@ def verify(
             f"{shown(redact_url(str(dst)))}"
         )
     if not as_json and not quiet:
+        tables = f" (and {plural(report.tables, 'table file')})" if report.tables else ""
         click.echo(
             f"ok: {plural(report.shards, 'shard')}, {plural(report.samples, 'sample')} match "
-            f"{shown(redact_url(str(index)))}"
+            f"{shown(redact_url(str(index)))}{tables}"
         )

@@ -10,7 +10,7 @@ tests/test_layout.py)::
     scan/         1. scan the tree: the images, the rejects and why, the source reads
     plan/         2. plan the splits, the shards and the engines' tasks; the dry run
     write/        3. write the shards: atomically, resumably, into the destination
-    shards/       4. shards already written: index them, verify them
+    shards/       4. shards already written: index them, verify them, upgrade their index
     engines/      where the shard tasks run: the local pool or Ray
     remote/       a pack, a verify and an index at a URL
     format/       the packed format, the one contract with the loader
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .scan.reasons import Reason
     from .scan.tree import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
     from .shards.index import IndexConfig, IndexResult, index, read_classes
+    from .shards.upgrade import UpgradeResult, upgrade_index
     from .shards.verify import ShardProblem, VerifyReport, verify
     from .synthetic import make_synthetic_tree
 
@@ -74,6 +75,7 @@ __all__ = [
     "SplitFileError",
     "SplitInfo",
     "SplitPlan",
+    "UpgradeResult",
     "VerifyReport",
     "dry_run",
     "index",
@@ -86,6 +88,7 @@ __all__ = [
     "scan_tree",
     "split_tree_error",
     "tree_warnings",
+    "upgrade_index",
     "verify",
     "verify_url",
 ]
@@ -121,6 +124,7 @@ _WHERE = {
     "SplitFileError": "format.errors",
     "SplitInfo": "format.manifest",
     "SplitPlan": "plan.dryrun",
+    "UpgradeResult": "shards.upgrade",
     "VerifyReport": "shards.verify",
     "dry_run": "plan.dryrun",
     "index": "shards.index",
@@ -133,6 +137,7 @@ _WHERE = {
     "scan_tree": "scan.tree",
     "split_tree_error": "scan.tree",
     "tree_warnings": "scan.tree",
+    "upgrade_index": "shards.upgrade",
     "verify": "shards.verify",
     "verify_url": "remote.upload",
 }

@@ -31,10 +31,9 @@ from tqdm.auto import tqdm
 from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
 from .engines.engine import Engine, make_engine
 from .engines.pool import Progress
-from .format.errors import ManifestError, SourceError
 from .format.formats import main_format
 from .format.imagesizes import SizeStats, size_stats
-from .format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from .format.manifest import Manifest, ShardInfo, SplitInfo
 from .format.tables import TABLES
 from .plan.resizehint import ResizeHint, resize_hint
 from .plan.shards import Plan, estimated_sample_bytes, shard_name
@@ -49,17 +48,15 @@ from .write.destination import (
     STATE_DIR,
     check_classes,
     claim,
-    locked,
     prepare,
     recorded,
     rejects_name,
-    write_index,
+    update_index,
 )
 from .write.failures import explained
 from .write.resume import changed_shards
 from .write.safefs import is_regular, make_dirs, remove, write_atomic
 from .write.shard import GatherTask, ShardRecord, gather, write_shard
-from .write.tablefiles import remove_stale_tables, write_tables
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "check_source", "pack"]
 
@@ -336,35 +333,25 @@ def _finish(
                 counts[label] += n
             formats.update(record.formats)
             converted.update(record.converted)
-        infos[part.name] = write_tables(
-            dst,
-            SplitInfo(
-                name=part.name,
-                shards=tuple(_shard_info(r) for r in records),
-                class_counts=tuple(counts),
-                rejects_total=len(rejects),
-                rejects_by_reason=dict(sorted(Counter(r.reason.value for r in rejects).items())),
-                rejects_file=rejects_file,
-                pack_args=config.output_args(src),
-                formats=dict(sorted(formats.items())),
-                converted=dict(sorted(converted.items())),
-                image_sizes=_sizes(records),
-            ),
-            safe_root=dst,
+        infos[part.name] = SplitInfo(
+            name=part.name,
+            shards=tuple(_shard_info(r) for r in records),  # its tables as files: update_index
+            class_counts=tuple(counts),
+            rejects_total=len(rejects),
+            rejects_by_reason=dict(sorted(Counter(r.reason.value for r in rejects).items())),
+            rejects_file=rejects_file,
+            pack_args=config.output_args(src),
+            formats=dict(sorted(formats.items())),
+            converted=dict(sorted(converted.items())),
+            image_sizes=_sizes(records),
         )
-    with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
-        check_classes(dst, tuple(infos), scan)  # another split may have landed meanwhile
-        splits = dict(read_manifest(dst).splits) if (dst / INDEX_NAME).exists() else {}
-        splits.update(infos)
-        manifest = Manifest(scan.classes, splits)
-        try:  # never commit an index that its readers (info, verify, the loader) would refuse
-            manifest.check_readable(f"the index of {dst}")
-        except ManifestError as e:
-            raise SourceError(
-                str(e).replace("; re-pack the dataset", "; nothing was written to the index")
-            ) from None
-        write_index(dst, manifest)
-        remove_stale_tables(dst, manifest)
+
+    def merged(current: Manifest | None) -> Manifest:
+        check_classes(dst, tuple(infos), scan, current)  # another split may have landed meanwhile
+        return Manifest(scan.classes, {**(current.splits if current else {}), **infos})
+
+    manifest = update_index(dst, merged)
+    assert manifest is not None  # merged always gives one
     return manifest
 
 

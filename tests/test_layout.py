@@ -57,7 +57,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"converter": "imgshards.converter", "loader": "imgshards.loader", "cli": "imgshards.cli"}
 LOADER = "imgshards.loader"
 ONE_MEANING = ("epoch", "state", "profiling")  # loader/ folders where "stage" names nothing
-MAX_TOP_LEVEL = 15  # the datasets a user imports (dataset, mix, imagefolder) sit here, beside the loader
+# The datasets a user imports (dataset, mix, imagefolder, and torchvision_datasets, the stand-in for
+# torchvision.datasets) sit here, beside the loader.
+MAX_TOP_LEVEL = 16
 
 
 def _module_name(path: Path) -> str:
@@ -451,27 +453,44 @@ def _digest_tree(root: Path) -> str:
 # What `pack` wrote for tests/conftest.py's tiny_tree before the format moved to converter/format/
 # (issue 45), keyed by the digest of the tree itself: its trees are cut from ../shared's photos when
 # they are there, and are smooth random JPEGs otherwise (as in a user's clone and .ci/run's first run).
-# The index's "source" (the tree's temporary path) reads "<source>".
+# The index's "source" (the tree's temporary path) reads "<source>". Index format 2 (issue 49) left
+# the shards as they were: its index.json and table files are stored since.
 PACK_DIGESTS = {
     # tree cut from ../shared's photos
     "3d41f4460b8da9c448d52ecda6c0b6e73f9aef2644d45e5d2d7d8293b0ddf994": {
-        "index.json": "ee3b4677334d4c81b9ea8c28d5c604e97946525f63005f9bc7e47dc0dbe1295f",
+        "index.json": "05d2b0dc2830bd198d5f677b7f61325b50dcb94406cb5a0ee556be18accc7549",
         "train-000000.tar": "ed46d86f4f7f9b91fb036efc66186fb68994c9a61356092ee81c87d502d86355",
         "train-000001.tar": "f23af83b8d205f16e75cec07e925a34f67df6cb189453b21bbf35b750616c228",
         "train-000002.tar": "5960a41713e1a05c0900e19801b9ff8220bbd897979d041d407589055be5bd51",
         "train-000003.tar": "3e1381847107ee0cbaa39649b8d685801d7ee94c1ae0c41e8edd88be3540fd50",
+        "train.keys.u32": "1464a45566269370e5e73ebef6180301c4f183ffe6a618a17b7748339876e86a",
+        "train.labels.u32": "5926eeabdc1275d8935c715b081ff048268aeaea6ff88ffef32bc47a0123beef",
+        "train.sources.zlib": "fdda25b41f400a2f472512bd4afba27e4cb26edf195a6f33af67fe923f74cedb",
+        "train.starts.u32": "b1e2fa7b360b632267ca35c365f91083babaddbce81d4d48390ec51ca417ab1f",
         "val-000000.tar": "79358f9923d4a87722aaff5d3cec057d82ffe12cc5545daeca51875dbf30b604",
         "val-000001.tar": "443bfd2a4adc2990eaa5dbab85adc390f4c1084465fd0bbe9b1af7e5f7e838d3",
+        "val.keys.u32": "063bda9bca99ff453ce4eb96c2279c8df87b8d7a03f44ad3ca19b531100ed4e4",
+        "val.labels.u32": "42de7f72c4bf3ac517fd57d8f266d216c8f49b195a5349999461d93a4e6f7809",
+        "val.sources.zlib": "89d97b1097644e6dfc41db6fc1416785e5959ef5ca713c253c6eda4c7443b0b0",
+        "val.starts.u32": "600f0fe4475e8015228280c28457be206a9bcff18024b1be715b1817a48da9fd",
     },
     # the fallback tree (no ../shared)
     "1078cf7200668db41285e12149f7e21d4325a3875e953d64b2bef33e36caf2c8": {
-        "index.json": "b329e5ac0af04c4f5e7a2ca7f6106f354ea9493a036dfd907df02f9ef877445c",
+        "index.json": "b7707cc1403fff2c816c83480b11eac5abd9bdf7c51a5dd7c439f69d0dd2cb88",
         "train-000000.tar": "c88ddd57d8792928f2fe506ed397847fb7350d0460f1db9450229dec79376345",
         "train-000001.tar": "8bd8e8900c10ca5cf8c4647766b1bee4fc824af63306f846cd00dbd3174c0023",
         "train-000002.tar": "39e6e3f59fffcea5a037b263964a92b5093e96d3c58cb2ab56db769f2e95cde2",
         "train-000003.tar": "9053bc789ac73762b22b52fb7d977f7369211e6ef54dda3d43d83bb52f758590",
+        "train.keys.u32": "1464a45566269370e5e73ebef6180301c4f183ffe6a618a17b7748339876e86a",
+        "train.labels.u32": "5926eeabdc1275d8935c715b081ff048268aeaea6ff88ffef32bc47a0123beef",
+        "train.sources.zlib": "2fd07fb1beb37eb1ce9608744fd3e6bc3b7dbc65955feb1a87deed1a696089a5",
+        "train.starts.u32": "3f302299dedf80f6bf12120a5f248197c3f4c67959122ea1ee333f328dfeac38",
         "val-000000.tar": "c78cf87765a4eca8f2018d9592c6ecbc7df552c213f4393533fe8c6f0dc4dbf9",
         "val-000001.tar": "486cb6c231ebe5702431c9a81edc337f224aebed98ea31eb2ed13b189a624e2d",
+        "val.keys.u32": "063bda9bca99ff453ce4eb96c2279c8df87b8d7a03f44ad3ca19b531100ed4e4",
+        "val.labels.u32": "42de7f72c4bf3ac517fd57d8f266d216c8f49b195a5349999461d93a4e6f7809",
+        "val.sources.zlib": "89d97b1097644e6dfc41db6fc1416785e5959ef5ca713c253c6eda4c7443b0b0",
+        "val.starts.u32": "9a1ec2980afa6800f824a814743c2b83d6c13080ddfe294fe637ffa40a35fa86",
     },
 }
 
@@ -490,6 +509,12 @@ def test_a_pack_is_byte_identical_to_the_stored_one(tiny_tree, tmp_path):
     assert source in index
     found = {"index.json": hashlib.sha256(index.replace(source, b"<source>")).hexdigest()}
     found |= {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dst.glob("*.tar"))}
+    # The table files, named by their content (<split>=<table>.<sha256[:16]>.<suffix>): stored by table.
+    for path in sorted(p for p in dst.iterdir() if p.suffix in (".u32", ".zlib")):
+        split, _, rest = path.name.partition("=")
+        table, digest, suffix = rest.split(".")
+        found[f"{split}.{table}.{suffix}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert found[f"{split}.{table}.{suffix}"].startswith(digest), path.name
     assert found == stored
 
 
@@ -1062,7 +1087,6 @@ TESTED_BY = {
     "loader/device/marks.py": "tests/loader/device/test_decoding.py",
     "loader/device/memory.py": "tests/loader/device/test_device_defects.py",
     "loader/device/streams.py": "tests/loader/device/test_device_cuda.py",
-    "loader/epoch/elastic.py": "tests/loader/test_elastic.py",
     "loader/epoch/position.py": "tests/loader/pipeline/test_passes.py",
     "loader/epoch/seeds.py": "tests/loader/epoch/test_order.py",
     "loader/errors.py": "tests/loader/test_dataset.py",

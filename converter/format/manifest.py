@@ -17,8 +17,8 @@ Layout of ``index.json`` (``version`` 2)::
           "shards": [{"name": "train-000000.tar", "samples": 2501, "bytes": 268e6, "sha256": "...",
                       "sources_bytes": 15310}],   # its stream in the sources table
           "tables": {                              # one file a table (converter/format/tablefiles.py)
-            "starts": {"file": "train.starts.0f3c...u32", "bytes": 5124668, "sha256": "..."},
-            "labels": {...}, "keys": {...}, "sources": {"file": "train.sources.9a1e...zlib", ...}},
+            "starts": {"file": "train=starts.0f3c...u32", "bytes": 5124668, "sha256": "..."},
+            "labels": {...}, "keys": {...}, "sources": {"file": "train=sources.9a1e...zlib", ...}},
           "rejects": {"total": 3, "by_reason": {"truncated": 2, "empty": 1},
                       "file": ".imgshards/rejects/train.jsonl"},
           "pack": {...},                           # the arguments the split was packed with
@@ -332,8 +332,9 @@ class Manifest:
         if len(data) > MAX_INDEX_BYTES:
             shards = sum(len(split.shards) for split in self.splits.values())
             raise ManifestError(
-                f"{where} would be {len(data) / 2**20:,.0f} MiB for {shards:,} shards, over the "
-                f"{MAX_INDEX_BYTES >> 20} MiB a reader accepts; pack with larger shards (--shard-size)"
+                f"{where} would be {len(data) / 2**20:,.0f} MiB for {shards:,} "
+                f"shard{'s' if shards != 1 else ''}, over the {MAX_INDEX_BYTES >> 20} MiB a reader "
+                "accepts; pack with larger shards (--shard-size)"
             )
         Manifest.from_json(parse_index(data, where), where=where)
 

@@ -8,14 +8,17 @@ own at the dataset's root, one entry a sample in the split's order (shard by sha
 =========  ==============================================  =====================================
 table      entry                                           file
 =========  ==============================================  =====================================
-starts     the sample's first tar header, in 512-byte      ``<split>.starts.<digest>.u32``
+starts     the sample's first tar header, in 512-byte      ``<split>=starts.<digest>.u32``
            blocks from its shard's start (``<u4``)
-labels     its class id (``<u4``)                          ``<split>.labels.<digest>.u32``
-keys       its key's CRC-32 (``<u4``, :func:`.tables.key_digest`)  ``<split>.keys.<digest>.u32``
-sources    its source path: one zlib stream a shard, of    ``<split>.sources.<digest>.zlib``
+labels     its class id (``<u4``)                          ``<split>=labels.<digest>.u32``
+keys       its key's CRC-32 (``<u4``, :func:`.tables.key_digest`)  ``<split>=keys.<digest>.u32``
+sources    its source path: one zlib stream a shard, of    ``<split>=sources.<digest>.zlib``
            the shard's UTF-8 paths each ended by a NUL
 =========  ==============================================  =====================================
 
+The ``=`` after the split keeps the name out of the split patterns of Hugging Face's
+``load_dataset("webdataset", data_dir=DST)`` (``**/train[-._ 0-9]*``, ``**/*[-._ 0-9]val[-._ 0-9]*``...),
+which would read a table as a shard of the split; only the shards match them.
 ``<digest>`` is the first 16 hex digits of the file's sha256, so a file's name is its content: a
 re-pack writes new names, and a process still holding the old index finds its tables gone (or
 still mapped, unchanged), never another dataset's entries. ``index.json`` names each file with its
@@ -47,7 +50,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ManifestError, UnsafeFileError
-from .tables import BLOCK, MAX_SOURCE_BYTES, TABLES, decode_sources, decode_table
+from .tables import (
+    BLOCK,
+    ENTRY_BYTES,
+    FIXED_TABLES,
+    MAX_SOURCE_BYTES,
+    TABLES,
+    decode_sources,
+    decode_table,
+    max_sources_bytes,
+)
+from .validate import open_regular
 
 if TYPE_CHECKING:
     from .manifest import SplitInfo
@@ -65,7 +78,7 @@ __all__ = [
 ]
 
 ENTRY = np.dtype("<u4")  # every fixed-width table: 4-byte little-endian unsigned integers
-FIXED_TABLES = ("starts", "labels", "keys")
+assert ENTRY.itemsize == ENTRY_BYTES
 _SUFFIX = {"starts": "u32", "labels": "u32", "keys": "u32", "sources": "zlib"}
 # A table of format 1 (:mod:`.tables`) by its format-2 name: "offsets" there is "starts" here.
 _V1_NAME = {"starts": "offsets", "labels": "labels", "keys": "keys", "sources": "sources"}
@@ -78,13 +91,7 @@ TableReader = Callable[["TableFile", int, int], bytes]
 
 def table_file_name(split: str, table: str, sha256: str) -> str:
     """The file name of split ``split``'s table ``table`` whose content hashes to ``sha256``."""
-    return f"{split}.{table}.{sha256[:16]}.{_SUFFIX[table]}"
-
-
-def max_sources_bytes(samples: int) -> int:
-    """The most a shard's sources stream of ``samples`` paths may be (zlib's worst case, bounded paths)."""
-    raw = samples * (MAX_SOURCE_BYTES + 1)
-    return raw + raw // 1000 + 64
+    return f"{split}={table}.{sha256[:16]}.{_SUFFIX[table]}"
 
 
 def encode_sources_chunk(paths: Sequence[str]) -> bytes:
@@ -178,11 +185,12 @@ class SplitTables:
         self._maps: dict[str, np.ndarray | mmap.mmap] = {}
         self._cache: dict[str, OrderedDict[int, Any]] = {}
         self._checked: dict[str, bytearray] = {}
+        self._has: dict[str, bool] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_maps", "_cache", "_checked", "_lock"):
+        for name in ("_maps", "_cache", "_checked", "_has", "_lock"):
             del state[name]
         return state
 
@@ -206,7 +214,10 @@ class SplitTables:
         """Whether the split has table ``table`` (for every shard)."""
         if self.split.tables:
             return table in self.split.tables
-        return all(s.table(_V1_NAME[table]) is not None for s in self.split.shards)
+        known = self._has.get(table)  # format 1: asked for every shard read, so looked at once
+        if known is None:
+            known = self._has[table] = all(s.table(_V1_NAME[table]) is not None for s in self.split.shards)
+        return known
 
     def shard_of(self, i: int) -> int:
         """The shard that holds sample ``i`` of the split."""
@@ -218,11 +229,20 @@ class SplitTables:
         if not self._seen("starts", s):
             shard = self.split.shards[s]
             if len(blocks) and (
-                int(blocks[-1]) >= shard.bytes // BLOCK or (len(blocks) > 1 and (np.diff(blocks) <= 0).any())
+                # Compared entry by entry: np.diff of unsigned entries wraps (5 - 7 is 2**32 - 2).
+                int(blocks[-1]) >= shard.bytes // BLOCK or bool((blocks[1:] <= blocks[:-1]).any())
             ):
                 raise self._bad("starts", f"shard {shard.name}'s starts are not increasing inside the shard")
             self._checked["starts"][s] = 1
         return blocks.astype(np.int64) * BLOCK
+
+    def entries(self, table: str, s: int) -> np.ndarray:
+        """Shard ``s``'s entries of fixed-width table ``table`` as stored, unchecked (starts in blocks).
+
+        What ``imgshards verify`` compares with what the shard holds; a reader uses the checked
+        methods (:meth:`starts`, :meth:`labels`, :meth:`keys`).
+        """
+        return self._entries(table, s)
 
     def keys(self, s: int) -> np.ndarray | None:
         """Shard ``s``'s key digests (CRC-32 of each key), or None without the table."""
@@ -330,8 +350,6 @@ class SplitTables:
 
     def _map(self, table: str) -> mmap.mmap | None:
         """Table ``table``'s file, checked against its entry's size and mapped read-only (None if empty)."""
-        from .validate import open_regular  # validate imports manifest, which imports this module
-
         entry = self.split.tables[table]
         assert self.root is not None
         path = self.root / entry.name

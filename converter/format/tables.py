@@ -40,6 +40,8 @@ from itertools import islice
 
 __all__ = [
     "BLOCK",
+    "ENTRY_BYTES",
+    "FIXED_TABLES",
     "MAX_SOURCE_BYTES",
     "TABLES",
     "decode_sources",
@@ -49,6 +51,7 @@ __all__ = [
     "key_digest",
     "keys_problem",
     "labels_problem",
+    "max_sources_bytes",
     "offsets_problem",
     "sources_problem",
 ]
@@ -56,6 +59,10 @@ __all__ = [
 BLOCK = 512
 MAX_SOURCE_BYTES = 4096  # a source path longer than PATH_MAX is no path this tree held
 TABLES = ("offsets", "labels", "keys", "sources")  # a shard's tables, in the index's order
+# Format 2 (.tablefiles) keeps the same tables in files, here for validate, which checks both
+# formats' indexes: the fixed-width ones ("starts", format 1's "offsets") of ENTRY_BYTES an entry.
+FIXED_TABLES = ("starts", "labels", "keys")
+ENTRY_BYTES = 4
 _ITEM = "I" if array("I").itemsize == 4 else "L"  # 32 bits: "I" on every platform CPython runs on
 
 
@@ -85,6 +92,12 @@ def decode_table(text: str) -> array[int]:
     if sys.byteorder == "big":
         table.byteswap()
     return table
+
+
+def max_sources_bytes(samples: int) -> int:
+    """The most a shard's sources stream of ``samples`` paths may be (zlib's worst case, bounded paths)."""
+    raw = samples * (MAX_SOURCE_BYTES + 1)
+    return raw + raw // 1000 + 64
 
 
 def key_digest(key: str) -> int:

@@ -45,8 +45,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ManifestError, UnsafeFileError, shown
-from .tablefiles import ENTRY, FIXED_TABLES, max_sources_bytes
-from .tables import TABLES, keys_problem, labels_problem, offsets_problem, sources_problem
+from .tables import (
+    ENTRY_BYTES,
+    FIXED_TABLES,
+    TABLES,
+    keys_problem,
+    labels_problem,
+    max_sources_bytes,
+    offsets_problem,
+    sources_problem,
+)
 
 __all__ = [
     "MAX_DEPTH",
@@ -328,7 +336,7 @@ def _check_tables(
         if name in names:
             raise _bad(where, f"{at}.file", name, "a name no shard or other table has")
         names.add(name)
-        size = samples * ENTRY.itemsize if table in FIXED_TABLES else sources_bytes
+        size = samples * ENTRY_BYTES if table in FIXED_TABLES else sources_bytes
         if _int(entry.get("bytes")) is None or entry["bytes"] != size:
             raise _bad(where, f"{at}.bytes", entry.get("bytes"), f"{size}, what its {samples} samples need")
         sha = entry.get("sha256")

@@ -14,7 +14,9 @@ Order of the writes, so that no reader ever follows the index to a shard that is
 2. each shard as it is committed locally, then its record: a record on the remote marks its shard
    as uploaded whole;
 3. once every shard is up: shards of the split that the plan no longer names are removed, then the
-   rejects file, ``_info.json``, and ``index.json`` last.
+   rejects file, the split's table files (index format 2; those of other splits of a format-1
+   index too, written from that index), ``_info.json``, and ``index.json`` last; then the table
+   files the index no longer names are removed (:func:`~.indexurl.put_index`).
 
 Uploads are atomic: an object store (S3, GCS, Azure) makes a PUT (multipart included) visible whole
 under its name or not at all; on other file systems a file is uploaded under a hidden temporary
@@ -32,10 +34,12 @@ functions only; ``import imgshards.converter`` does not need it.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -47,15 +51,27 @@ from typing import Any, BinaryIO
 from ..config import PackConfig, PackHooks, PackResult
 from ..format.errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from ..format.locate import redact_url, shown_cause
-from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, ShardInfo, read_manifest
+from ..format.manifest import INDEX_NAME, Manifest, ShardInfo, TableFile, read_manifest
 from ..format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
-from ..format.tables import TABLES
+from ..format.tablefiles import SplitTables
 from ..pack import pack
 from ..scan.tree import split_tree_error, tree_warnings
-from ..shards.verify import VerifyReport, build_report, check_shard_stream, shard_jobs
+from ..shards.verify import (
+    VerifyReport,
+    build_report,
+    check_shard_stream,
+    check_table_stream,
+    shard_entries,
+    shard_jobs,
+    table_jobs,
+    table_problem,
+    usable_tables,
+)
 from ..write.destination import STATE_DIR
 from ..write.safefs import make_dirs, remove, write_atomic
 from ..write.shard import ShardRecord
+from ..write.tablefiles import as_format2
+from .indexurl import put_index
 
 __all__ = ["pack_to_url", "verify_url"]
 
@@ -137,45 +153,83 @@ def verify_url(
 ) -> VerifyReport:
     """Like :func:`~imgshards.converter.shards.verify`, for a dataset at a URL: every shard is streamed once.
 
-    ``timeout``: seconds a request may wait for the server, to connect or for more of its answer
+    Its table files (index format 2) are streamed once too, before the shards; each shard's
+    entries are fetched by ranges of them, as the loader fetches them. ``timeout``: seconds a
+    request may wait for the server, to connect or for more of its answer
     (:func:`~.format.remotefs.with_timeouts`; a timeout set in ``storage_options`` wins).
 
     Raises:
         ManifestError: the index is missing or unreadable.
-        DestinationError: a shard could not be read for a reason of the network or the server (it
-            stalled past ``timeout``, broke the connection, answered 5xx): nothing is said about the
-            data, so the report is not made. A missing shard is a problem of the report.
+        DestinationError: a shard or table could not be read for a reason of the network or the
+            server (it stalled past ``timeout``, broke the connection, answered 5xx): nothing is said
+            about the data, so the report is not made. A missing shard is a problem of the report.
 
     """
     options = with_timeouts(url, storage_options, timeout)
     remote = Remote(url, options)
     manifest = read_manifest(url, storage_options=options)
     jobs = shard_jobs(manifest, splits)
+    names = sorted(set(splits or manifest.splits))
     num_classes = len(manifest.classes)
+    files = table_jobs(manifest, names)
+    local = threading.local()  # a SplitTables keeps a cache of its own: one a thread
 
-    def check(job: tuple[str, ShardInfo]) -> tuple[list[str], Counter[int]]:
-        split, shard = job
+    def fetch(entry: TableFile, lo: int, hi: int) -> bytes:
+        with _read_shard(remote, entry.name, timeout, start=lo, end=hi) as f:
+            return f.read()
+
+    def check_file(job: tuple[str, TableFile]) -> list[str]:  # read as a shard is: no listing needed
+        return check_table_stream(partial(_read_shard, remote, job[1].name, timeout), job[1])
+
+    def check(job: tuple[str, int, ShardInfo]) -> tuple[list[str], Counter[int]]:
+        split, s, shard = job
+        if not hasattr(local, "tables"):
+            local.tables = {
+                name: SplitTables(manifest.split(name), num_classes, fetch=fetch, where=remote.shown)
+                for name in names
+            }
+        entries, told = shard_entries(local.tables[split], s, usable[split])
         opener = partial(_read_shard, remote, shard.name, timeout)
         labels = manifest.split(split).labels
-        return check_shard_stream(opener, shard, num_classes, labels, manifest.class_to_idx)
+        problems, found = check_shard_stream(
+            opener, shard, num_classes, labels, manifest.class_to_idx, entries
+        )
+        return told + problems, found
 
     # Threads: the work is waiting on the network and hashing, which releases the GIL.
-    with ThreadPoolExecutor(min(workers or 8, max(1, len(jobs)))) as pool:
+    with ThreadPoolExecutor(min(workers or 8, max(1, len(jobs) + len(files)))) as pool:
         try:
-            return build_report(manifest, jobs, pool.map(check, jobs))
+            bad = [
+                table_problem(manifest, split, entry, p)
+                for (split, entry), found in zip(files, pool.map(check_file, files), strict=True)
+                for p in found
+            ]
+            tables = {name: SplitTables(manifest.split(name), num_classes, fetch=fetch) for name in names}
+            usable = {
+                name: usable_tables(tables[name], (p.shard for p in bad if p.split == name)) for name in names
+            }
+            at = [(name, s) for name in names for s in range(len(manifest.split(name).shards))]
+            work = [(split, s, shard) for (split, s), (_, shard) in zip(at, jobs, strict=True)]
+            return build_report(manifest, jobs, pool.map(check, work), (len(files), bad))
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # the shards not started yet are not read
             raise
 
 
 @contextlib.contextmanager
-def _read_shard(remote: Remote, name: str, timeout: float) -> Iterator[BinaryIO]:
-    """Open shard ``name`` at the URL; an error of the network or the server is a DestinationError.
+def _read_shard(
+    remote: Remote, name: str, timeout: float, *, start: int | None = None, end: int | None = None
+) -> Iterator[BinaryIO]:
+    """Open shard or table file ``name`` at the URL; an error of the network or server is a DestinationError.
 
     A missing or forbidden shard stays a ``FileNotFoundError`` / ``PermissionError`` (the data's
     problem, which the report tells); a timeout, a reset or a 5xx says nothing about the data.
+    ``start``, ``end``: only those bytes of it (a table's range), read into memory.
     """
     try:
+        if start is not None:
+            yield io.BytesIO(remote.fs.cat_file(remote.path(name), start=start, end=end))
+            return
         with remote.fs.open(remote.path(name), "rb", block_size=_READ_BLOCK) as f:
             yield f
     except (FileNotFoundError, PermissionError, ImgshardsError):
@@ -256,7 +310,10 @@ class _Uploader:
 
     def stored(self, record: ShardRecord) -> bool:
         """Whether the shard of ``record`` is uploaded whole (pack skips it)."""
-        return record.name in self.records and self.sizes.get(record.name) == record.bytes
+        return self._stored(record.name, record.bytes)
+
+    def _stored(self, name: str, size: int) -> bool:
+        return name in self.records and self.sizes.get(name) == size
 
     # ---- while pack runs ----------------------------------------------------------------------
 
@@ -277,8 +334,7 @@ class _Uploader:
             self.records.clear()
             index = self.stage / INDEX_NAME
             if index.exists() and index.read_bytes() != self.remote_index:  # --overwrite dropped the split
-                self.remote.put_file(self.stage / TIMM_INFO_NAME, TIMM_INFO_NAME)
-                self.remote.put_file(index, INDEX_NAME)
+                put_index(self.remote, read_manifest(self.stage), self.stage)
             self.remote.put_bytes(f"{self.state}/plan.json", plan)
 
     def _upload_shard(self, path: Path, record: ShardRecord) -> None:
@@ -319,7 +375,7 @@ class _Uploader:
                 self.pending.add(self.pool.submit(self._upload_shard, local, record))
         while self.pending:
             self._reap(block=True)
-        missing = [s.name for s in result.info.shards if not self.stored(_as_record(s))]
+        missing = [s.name for s in result.info.shards if not self._stored(s.name, s.bytes)]
         if missing:
             raise DestinationError(
                 f"shards {missing[:3]} of {self.remote.shown} are neither uploaded nor in staging; "
@@ -332,9 +388,15 @@ class _Uploader:
         rejects = result.info.rejects_file
         if rejects:
             self.remote.put_file(self.stage / rejects, rejects)
-        manifest = self._merged(result.manifest)
-        self.remote.put_bytes(TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
-        self.remote.put_bytes(INDEX_NAME, manifest.dumps().encode())
+        # Other splits of a format-1 index at the URL are written as format 2 too, in staging.
+        manifest = as_format2(self.stage, self._merged(result.manifest), safe_root=self.stage)
+        try:  # never upload an index that its readers would refuse
+            manifest.check_readable(f"the index of {self.remote.shown}")
+        except ManifestError as e:
+            raise SourceError(
+                str(e).removesuffix("; re-pack the dataset") + "; nothing was written to the index"
+            ) from None
+        put_index(self.remote, manifest, self.stage)
         return manifest
 
     def _merged(self, ours: Manifest) -> Manifest:
@@ -353,11 +415,6 @@ class _Uploader:
                 f"split {self.split!r} is uploaded but not in the index: pack into another destination"
             )
         return Manifest(ours.classes, {**others, self.split: ours.split(self.split)})
-
-
-def _as_record(shard: ShardInfo) -> ShardRecord:
-    tables = {table: getattr(shard, table) for table in TABLES}
-    return ShardRecord(shard.name, shard.samples, shard.bytes, shard.sha256, {}, (), **tables)
 
 
 def _is_shard_of(name: str, split: str) -> bool:

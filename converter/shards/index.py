@@ -5,8 +5,9 @@ reads each shard once (locally in worker processes, from a URL in threads), neve
 records what the loader, ``verify``, ``info`` and ``bench`` need::
 
     list SRC/GLOB -> per shard: SHA-256, size, samples (members grouped as webdataset groups them),
-    label values -> labels: ids or names, classes given / kept from the index / derived
-    -> mixing check -> _info.json, then index.json (the shards are untouched)
+    label values -> under the index lock, the index as it is now -> labels: ids or names, classes
+    given / kept from the index / derived -> mixing check -> the split's tables as files (index
+    format 2), _info.json, then index.json (the shards are untouched)
 
 A sample is one image member (an extension of :data:`~.format.manifest.IMAGE_EXTENSIONS`) plus its label:
 the ``.cls`` member, or a field of the ``.json`` member. A label is a class id when every value is an
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format.errors import DestinationError, ManifestError, SourceError, UnreadableSamplesError
+from ..format.errors import DestinationError, SourceError, UnreadableSamplesError
 from ..format.locate import redact_url
 from ..format.manifest import INDEX_NAME, LabelSource, Manifest, SplitInfo
 from ..format.tables import encode_table
@@ -134,15 +135,18 @@ def index(
 ) -> IndexResult:
     """Write ``index.json`` and ``_info.json`` for the WebDataset shards in ``src`` (a directory or URL).
 
-    The shards are only read. Other splits already in the index are kept; the classes of all
-    splits are one list.
+    The shards are only read. Other splits already in the index are kept (those of a format-1
+    index written as format 2); the classes of all splits are one list. Locally the index is
+    re-read and merged under the lock every writer of it takes (:func:`~..write.destination.update_index`),
+    so a split that another ``index`` or ``pack`` wrote while the shards were read is kept.
 
     Raises:
         SourceError: no shards match, or a shard cannot be opened.
         UnreadableSamplesError: a sample has no image or no label, or a shard is not a whole tar.
         DestinationError: ``src`` is a URL that cannot be used (no credentials, no bucket: the
             check ``pack`` makes), or holds an index of another tool, a split ``pack`` made (without
-            ``overwrite``), a split sharing shards with this one, or splits with other classes.
+            ``overwrite``), a split sharing shards with this one, or splits with other classes;
+            or the index cannot be written.
 
     """
     config = config or IndexConfig()
@@ -153,6 +157,42 @@ def index(
     _check_existing(existing, config, names, shown)
     scans = store.scan(names, config.label_field, workers=config.workers, progress=config.progress)
     _raise_problems(scans, shown)
+    made: list[_Indexed] = []
+
+    def merged(current: Manifest | None) -> Manifest:
+        # The index as it is now, under the lock: another split may have landed since the start.
+        _check_existing(current, config, names, shown)
+        made.append(_indexed(scans, config, current, shown))
+        others = {k: v for k, v in (current.splits if current else {}).items() if k != config.split}
+        return Manifest(classes=made[-1].classes, splits={**others, config.split: made[-1].split})
+
+    manifest = store.update(merged)
+    indexed = made[-1]
+    return IndexResult(
+        root=store.root,
+        manifest=manifest,
+        split=config.split,
+        classes_from=indexed.classes_from,
+        classes_per_shard=indexed.observed,
+        shuffled_classes_per_shard=indexed.shuffled,
+        warnings=indexed.warnings,
+    )
+
+
+@dataclass(frozen=True)
+class _Indexed:
+    """The split ``index`` makes of its shards under one index: its entry, classes and mixing."""
+
+    split: SplitInfo  # its tables inline (format 1's form), written as files by the store
+    classes: tuple[str, ...]
+    classes_from: str
+    observed: float
+    shuffled: float
+    warnings: tuple[str, ...]
+
+
+def _indexed(scans: list[ShardScan], config: IndexConfig, existing: Manifest | None, shown: str) -> _Indexed:
+    """The split of ``scans``, its labels read against ``existing`` (the index it joins)."""
     labels, classes, classes_from, ids = _labels(scans, config, existing, shown)
     per_shard = []
     for scan in scans:  # summed: two values may name one class
@@ -188,22 +228,7 @@ def index(
         },
         labels=labels,
     )
-    others = {k: v for k, v in (existing.splits if existing else {}).items() if k != config.split}
-    manifest = Manifest(classes=classes, splits={**others, config.split: split})
-    try:  # never write an index that its readers would refuse
-        manifest.check_readable(f"the index of {shown}")
-    except ManifestError as e:
-        raise SourceError(str(e).replace("; re-pack the dataset", "")) from None
-    store.write(manifest)
-    return IndexResult(
-        root=store.root,
-        manifest=manifest,
-        split=config.split,
-        classes_from=classes_from,
-        classes_per_shard=observed,
-        shuffled_classes_per_shard=shuffled,
-        warnings=tuple(warnings),
-    )
+    return _Indexed(split, classes, classes_from, observed, shuffled, tuple(warnings))
 
 
 def _raise_problems(scans: list[ShardScan], src: str) -> None:

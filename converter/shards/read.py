@@ -5,12 +5,11 @@ groups its members into samples as webdataset and the loader group them, and col
 sample's label value and what is wrong with it (no image, no label, a key repeated, an unreadable
 tar). :class:`ShardStore` lists
 a source's shards, scans them in parallel (worker processes locally, threads for a URL) and writes
-the index beside them.
+the index beside them (its tables as files, index format 2).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +40,8 @@ from ..format.tarsamples import checked_samples, shown
 from ..format.tarstream import TarStream, stream_end
 from ..format.validate import check_name, open_regular
 from ..remote.indexurl import write_index_url
-from ..write.safefs import write_atomic
+from ..write.destination import update_index
+from ..write.tablefiles import TABLE_FILE
 from .verify import HashingReader
 
 __all__ = ["ShardScan", "ShardStore", "Value", "scan_shard"]
@@ -157,7 +157,11 @@ class ShardStore:
             names = [str(p).rsplit("/", 1)[-1] for p, e in found.items() if e.get("type") != "directory"]
         else:
             names = [path.name for path in Path(self.root).glob(pattern)]
-        names = sorted(n for n in names if not n.startswith(".") and n not in (INDEX_NAME, TIMM_INFO_NAME))
+        names = sorted(
+            n
+            for n in names
+            if not n.startswith(".") and n not in (INDEX_NAME, TIMM_INFO_NAME) and not TABLE_FILE.fullmatch(n)
+        )
         if not names:
             raise SourceError(
                 f"no shard in {redact_url(str(self.root))} matches {pattern!r}; pass the glob of its shards"
@@ -201,17 +205,25 @@ class ShardStore:
         pool.shutdown(wait=False)
         return futures
 
-    def write(self, manifest: Manifest) -> None:
-        """``_info.json``, then ``index.json``, each written whole or not at all."""
+    def update(self, build: Callable[[Manifest | None], Manifest]) -> Manifest:
+        """Write the index ``build`` makes of the one there now (None: none); return it as written.
+
+        Locally under the index lock (:func:`~..write.destination.update_index`): ``build`` gets the
+        index as it is once the lock is held, so a split another command wrote meanwhile is kept. At
+        a URL, the index is read again just before the new one is written (there is no lock there).
+        The split's tables are written as files, uploaded first at a URL; ``_info.json``, then
+        ``index.json``, each whole or not at all.
+        """
         if self.url:
-            write_index_url(str(self.root), manifest, storage_options=self.storage_options)
-            return
+            current = self.existing_index()
+            return write_index_url(str(self.root), build(current), storage_options=self.storage_options)
         root = Path(self.root)
         try:
-            write_atomic(root / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode())
-            write_atomic(root / INDEX_NAME, manifest.dumps().encode())
+            manifest = update_index(root, build)
         except OSError as e:
             raise DestinationError(f"cannot write the index into {root}: {e.strerror or e}") from e
+        assert manifest is not None  # build always gives one
+        return manifest
 
 
 def _scan_local(root: Path, name: str, label_field: str | None) -> ShardScan:

@@ -6,6 +6,13 @@ under a hidden folder so that no reader's shard pattern (``train-*``, Hugging Fa
 ``**/train[-._ 0-9]*``) picks it up. A run continues the plan it finds, or refuses to mix two.
 Everything here is written, read and removed through :mod:`.write.safefs`: never through a link planted
 under the destination.
+
+The index has one writer at a time: every command that writes a local ``index.json`` (``pack``,
+``pack --overwrite`` clearing a split, ``imgshards index``, ``imgshards index --upgrade``) goes
+through :func:`update_index`, which holds ``DST/.imgshards/index.lock`` while it re-reads the index,
+merges into it, writes the table files and the index, and removes the table files no longer named.
+So two writers of one dataset, each adding its split, both land: the second merges into what the
+first wrote.
 """
 
 from __future__ import annotations
@@ -14,19 +21,23 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format.errors import DestinationError, ManifestError
+from ..format.errors import DestinationError, ManifestError, SourceError
 from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from ..plan.shards import Plan
 from ..plan.splits import SPLIT_CHARS
 from ..scan.tree import ScanResult
 from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
 from .shard import ShardRecord
+from .tablefiles import as_format2, remove_stale_tables
 
 __all__ = [
+    "INDEX_LOCK",
+    "INDEX_LOCK_WAIT",
     "REJECTS_DIR",
     "STATE_DIR",
     "check_classes",
@@ -36,28 +47,40 @@ __all__ = [
     "prepare",
     "recorded",
     "rejects_name",
+    "update_index",
     "write_index",
 ]
 
 STATE_DIR = ".imgshards"
 REJECTS_DIR = f"{STATE_DIR}/rejects"
+INDEX_LOCK = f"{STATE_DIR}/index.lock"
+# How long a writer of the index waits for another to finish with it (re-read, merge, write the
+# tables and the index: seconds for millions of samples) before it gives up.
+INDEX_LOCK_WAIT = 600.0
+_LOCK_POLL = 0.05
 
 
 @contextlib.contextmanager
-def locked(dst: Path, path: Path, busy: str) -> Iterator[None]:
+def locked(dst: Path, path: Path, busy: str, *, wait: float = 0.0) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (below ``dst``); the kernel drops it if the process dies.
 
     The lock file is opened without following a link (:mod:`.write.safefs`). It may be removed by its
     holder (:func:`claim`); a process that opened it just before then holds a lock on a file no
     longer there, so it checks, after locking, that the file it locked is still the one under
-    ``path``, and opens it anew if not.
+    ``path``, and opens it anew if not. ``wait``: seconds to wait for another holder to let go
+    (0: refuse at once) before :class:`DestinationError` ``busy``.
     """
+    deadline = time.monotonic() + wait
     while True:
         with locked_fd(path, root=dst) as fd:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise DestinationError(busy) from None
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise DestinationError(busy) from None
+                    time.sleep(_LOCK_POLL)  # flock has no timeout of its own
             try:
                 current = os.lstat(path).st_ino
             except FileNotFoundError:
@@ -107,11 +130,17 @@ def claim(dst: Path, splits: Sequence[str]) -> Iterator[None]:
         raise
 
 
-def check_classes(dst: Path, splits: tuple[str, ...], scan: ScanResult) -> None:
-    """Refuse splits whose classes differ from those of the other splits already in ``dst``."""
-    if not (dst / INDEX_NAME).exists():
-        return
-    existing = read_manifest(dst)
+def check_classes(
+    dst: Path, splits: tuple[str, ...], scan: ScanResult, existing: Manifest | None = None
+) -> None:
+    """Refuse splits whose classes differ from those of the other splits in ``dst``'s index.
+
+    ``existing``: that index, already read (under the index lock); None reads it.
+    """
+    if existing is None:
+        if not (dst / INDEX_NAME).exists():
+            return
+        existing = read_manifest(dst)
     others = sorted(s for s in existing.splits if s not in splits)
     if others and existing.classes != scan.classes:
         extra = sorted(set(scan.classes) - set(existing.classes))
@@ -188,10 +217,13 @@ def clear_split(dst: Path, state: Path, split: str) -> None:
         remove(path, root=dst)  # the last: where rejects were written before 0.1.1
     clear_dir(state, root=dst, keep=frozenset({"lock"}))
     if (dst / INDEX_NAME).exists():
-        with locked(dst, dst / STATE_DIR / "index.lock", "another pack is updating the index; retry"):
-            manifest = read_manifest(dst)
-            splits = {k: v for k, v in manifest.splits.items() if k != split}
-            write_index(dst, Manifest(manifest.classes, splits))
+
+        def without(current: Manifest | None) -> Manifest | None:
+            if current is None:
+                return None
+            return Manifest(current.classes, {k: v for k, v in current.splits.items() if k != split})
+
+        update_index(dst, without)
 
 
 def rejects_name(split: str) -> str:
@@ -205,7 +237,51 @@ def recorded(dst: Path, state: Path, name: str) -> ShardRecord | None:
     return None if text is None else ShardRecord.from_json(json.loads(text))
 
 
+def update_index(dst: Path, change: Callable[[Manifest | None], Manifest | None]) -> Manifest | None:
+    """Re-read ``dst``'s index, write what ``change`` makes of it, holding the index lock throughout.
+
+    The one way a local index is written (see the module docstring). ``change`` gets the index as
+    it is now (None: there is none) and returns the index to write, or None to leave it as it is;
+    its splits may hold format-1 tables (a pack's records, the splits of a format-1 index), which
+    are written as files first (:func:`~.tablefiles.as_format2`). Once the index is in place, the
+    table files it no longer names are removed; if it cannot be written, those just written are.
+    Returns the index as it is left.
+
+    Raises:
+        SourceError: the index would be refused by its readers (too large): nothing was written.
+        DestinationError: another writer held the lock for :data:`INDEX_LOCK_WAIT` seconds.
+        ManifestError: the index there cannot be read.
+
+    """
+    make_dirs(dst, STATE_DIR)
+    busy = f"another command has been writing the index of {dst} for {INDEX_LOCK_WAIT:.0f} s; retry"
+    with locked(dst, dst / INDEX_LOCK, busy, wait=INDEX_LOCK_WAIT):
+        current = read_manifest(dst) if os.path.lexists(dst / INDEX_NAME) else None
+        wanted = change(current)
+        if wanted is None:
+            return current
+        try:
+            manifest = as_format2(dst, wanted, safe_root=dst)
+            del wanted  # its format-1 tables, if any: no longer needed
+            try:  # never commit an index that its readers (info, verify, the loader) would refuse
+                manifest.check_readable(f"the index of {dst}")
+            except ManifestError as e:
+                raise SourceError(
+                    str(e).removesuffix("; re-pack the dataset") + "; nothing was written to the index"
+                ) from None
+            write_index(dst, manifest)
+        except BaseException:
+            # The tables this call wrote, unless its index got in place after all (an interrupt
+            # between its rename and the return): those the index in place does not name.
+            with contextlib.suppress(Exception):
+                in_place = read_manifest(dst) if os.path.lexists(dst / INDEX_NAME) else Manifest((), {})
+                remove_stale_tables(dst, in_place)
+            raise
+        remove_stale_tables(dst, manifest)
+    return manifest
+
+
 def write_index(dst: Path, manifest: Manifest) -> None:
-    """Write the index and timm's ``_info.json`` atomically (call it holding the index lock)."""
-    write_atomic(dst / INDEX_NAME, manifest.dumps().encode(), root=dst)
+    """Write timm's ``_info.json``, then the index, each atomically (call it holding the index lock)."""
     write_atomic(dst / TIMM_INFO_NAME, (json.dumps(manifest.timm_info(), indent=1) + "\n").encode(), root=dst)
+    write_atomic(dst / INDEX_NAME, manifest.dumps().encode(), root=dst)

@@ -25,10 +25,11 @@ from ..format.tablefiles import FIXED_TABLES, TableFile, table_file_name
 from ..format.tables import decode_table
 from .safefs import create, remove, rename
 
-__all__ = ["TABLE_FILE", "remove_stale_tables", "stale_tables", "write_tables"]
+__all__ = ["TABLE_FILE", "as_format2", "remove_stale_tables", "stale_tables", "write_tables"]
 
-# The name of any split's table file (what stale_tables looks for): <split>.<table>.<16 hex>.<suffix>.
-TABLE_FILE = re.compile(r"[a-z0-9_]+\.(starts|labels|keys|sources)\.[0-9a-f]{16}\.(u32|zlib)")
+# The name of any split's table file (what stale_tables looks for): <split>=<table>.<16 hex>.<suffix>
+# (format.tablefiles.table_file_name), the split as an index may name it (format.validate).
+TABLE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*=(starts|labels|keys|sources)\.[0-9a-f]{16}\.(u32|zlib)")
 _V1_NAME = {"starts": "offsets", "labels": "labels", "keys": "keys", "sources": "sources"}
 _WRITE_BUFFER = 1 << 20
 
@@ -66,6 +67,19 @@ def write_tables(root: Path, split: SplitInfo, *, safe_root: Path | None = None)
         ),
         tables=tables,
     )
+
+
+def as_format2(root: Path, manifest: Manifest, *, safe_root: Path | None = None) -> Manifest:
+    """``manifest`` as format 2 writes it: each split's format-1 tables written as files in ``root``.
+
+    What every writer of an index calls on what it is about to write: its own split (a pack's
+    records, the shards ``imgshards index`` read) and the other splits it keeps from the index
+    already there, which a format-1 index holds inline (never read from a shard). A split already
+    in format 2 is kept as it is. Each split is turned as :func:`write_tables` turns it, a shard at
+    a time; the manifest returned holds no format-1 table.
+    """
+    splits = {name: write_tables(root, split, safe_root=safe_root) for name, split in manifest.splits.items()}
+    return Manifest(manifest.classes, splits)
 
 
 def stale_tables(root: Path, manifest: Manifest) -> list[Path]:

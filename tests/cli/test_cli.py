@@ -5,6 +5,8 @@
 """
 
 import json
+import os
+import shutil
 import tarfile
 
 import pytest
@@ -193,3 +195,37 @@ def test_split_options_are_checked_up_front(run, tiny_tree, tmp_path, args, mess
         *[a.format(split_file=tmp_path / "s.json") for a in args],
     )
     assert result.exit_code == 2 and message in result.output
+
+
+def strict_json(text: str):
+    """``text`` parsed as JSON that every parser reads: no NaN, and no string a lone surrogate.
+
+    Python's ``json`` reads ``"\\udcff"`` (a lone surrogate escape) without a word; strict parsers
+    (Rust's serde_json, Go's encoding/json in its strict modes, I-JSON) refuse it. So every string
+    must be valid Unicode, encodable as UTF-8.
+    """
+
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    doc = json.loads(text, parse_constant=refuse)
+    json.dumps(doc, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate anywhere
+    return doc
+
+
+def test_info_json_writes_a_name_that_is_not_utf8_as_text(run, tiny_tree, tmp_path):
+    # Issue 50: a class folder named by bytes that are not UTF-8 ("caf" + 0xE9, Latin-1).
+    src = tmp_path / "src"
+    for name, folder in ((b"caf\xe9", "n00000000"), (b"dog", "n00000001")):
+        target = os.path.join(os.fsencode(src), name)
+        os.makedirs(target)
+        for image in sorted((tiny_tree / folder).iterdir())[:3]:
+            shutil.copy(image, os.path.join(target, os.fsencode(image.name)))
+    out = tmp_path / "out"
+    assert run("pack", str(src), str(out), "--no-progress", "-j", "1").exit_code == 0
+    text = run("info", str(out), "--json").output
+    assert "\\ud" not in text.lower()  # no surrogate escape
+    doc = strict_json(text)
+    assert doc["classes"] == ["caf\\xe9", "dog"] and doc["version"] == 2
+    with pytest.raises(UnicodeEncodeError):  # what the index holds, as Python reads it
+        strict_json(json.dumps({"classes": ["caf\udce9"]}))

@@ -52,6 +52,25 @@ def test_packing_the_next_split_without_split_suggests_split_not_overwrite(tiny_
     assert set(read_manifest(dst).splits) == {"train", "extra"}
 
 
+def test_the_page_of_errors_says_what_packing_a_second_tree_does(tiny_tree, tmp_path, monkeypatch):
+    # Issue 50, point 18: docs/cli-errors.md said `pack photos/val shards` beside train is refused; it
+    # packs split val (the README's way). The page's row is run here as it reads, in its own words.
+    page = Path(__file__).resolve().parents[2] / "docs" / "cli-errors.md"
+    (row,) = [line for line in page.read_text().splitlines() if "into a `shards` that holds `train`" in line]
+    command, said = row.split("`")[1], row.rstrip(" |").split("`")[-2]
+    program, verb, src, dst = command.split()
+    assert (program, verb, dst) == ("imgshards", "pack", "shards")
+    monkeypatch.chdir(tmp_path)
+    for folder in {"photos/train", "photos/val", src}:
+        shutil.copytree(tiny_tree, folder)
+    assert run("pack", "photos/train", "shards", "--workers", "1").exit_code == 0
+    result = run("pack", src, "shards", "--workers", "1")
+    assert result.exit_code == 2, result.output
+    assert one_line_error(result).replace(f"{Path.cwd()}/", "") == f"Error: {said}"
+    assert run("pack", "photos/val", "shards", "--workers", "1").exit_code == 0  # as the row says
+    assert set(read_manifest("shards").splits) == {"train", "val"}
+
+
 def test_a_tree_named_like_a_split_packs_as_that_split(tiny_tree, tmp_path):
     photos = tmp_path / "photos"
     shutil.copytree(tiny_tree, photos / "train")

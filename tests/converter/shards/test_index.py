@@ -7,6 +7,8 @@ converter/remote/indexurl.py.
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 
 import fsspec
 import pytest
@@ -33,8 +35,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:
 
 def snapshot(root):
     return {
-        p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in root.iterdir()
+        p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in root.iterdir()
+        if p.is_file()
     }
+
+
+def written(root):
+    """What ``index`` writes beside the shards: the index, timm's, the split's table files."""
+    split = read_manifest(root).split("train")
+    return {INDEX_NAME, TIMM_INFO_NAME, *split.table_names}
 
 
 @pytest.fixture
@@ -48,8 +58,10 @@ def test_index_reads_shards_never_writes_them_and_verify_passes(foreign):
     before = snapshot(root)
     result = index(root, IndexConfig(workers=2))
     after = snapshot(root)
-    assert {k: v for k, v in after.items() if k not in (INDEX_NAME, TIMM_INFO_NAME)} == before
+    assert {k: v for k, v in after.items() if k not in written(root)} == before
+    assert [p.name for p in root.iterdir() if p.is_dir()] == [".imgshards"]  # the index lock, as pack's
     split = read_manifest(root).split("train")
+    assert sorted(split.tables) == ["keys", "labels", "sources", "starts"]
     assert [s.name for s in split.shards] == sorted(before)
     assert [s.samples for s in split.shards] == [10, 10, 10, 10] and split.samples == len(samples)
     assert [s.bytes for s in split.shards] == [(root / s.name).stat().st_size for s in split.shards]
@@ -126,13 +138,15 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_behind(foreign, tmpfs, schem
     disk = tmpfs(sum(p.stat().st_size for p in root.iterdir()) + (1 << 20))
     shards = shutil.copytree(root, disk / "shards")
     before = sorted(p.name for p in shards.iterdir())
-    tmpfs.fill(disk)  # _info.json, written first, finds the device full
+    tmpfs.fill(disk)  # the first table file, written first, finds the device full
     result = CliRunner().invoke(cli, ["index", f"{scheme}{shards}", "--workers", "1"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.stderr.count("\n") == 1 and "No space left on device" in result.stderr
-    written = f"upload _info.json at {scheme}{shards}" if scheme else f"write the index into {shards}"
+    written = "upload train=starts." if scheme else f"write the index into {shards}"
     assert f"cannot {written}" in result.stderr
-    assert sorted(p.name for p in shards.iterdir()) == before  # no index, no ._info.json.partial
+    # No index, no table file, no temporary file; locally, the folder of the index lock (as pack's).
+    lock = [] if scheme else [".imgshards"]
+    assert sorted(p.name for p in shards.iterdir()) == sorted([*before, *lock])
 
 
 def test_an_index_that_cannot_be_put_in_place_leaves_no_temporary_file(foreign):
@@ -141,8 +155,9 @@ def test_an_index_that_cannot_be_put_in_place_leaves_no_temporary_file(foreign):
     (root / TIMM_INFO_NAME / "theirs").write_text("")
     with pytest.raises(DestinationError, match=f"{TIMM_INFO_NAME} is a directory"):
         index(root, IndexConfig(workers=1))
-    assert not list(root.glob(".*")), "a temporary file stayed"
+    assert [p.name for p in root.glob(".*")] == [".imgshards"], "a temporary file stayed"
     assert not (root / INDEX_NAME).exists()
+    assert not list(root.glob("train=*")), "a table file of no index stayed"
 
 
 def write(path, samples, **kw):
@@ -236,3 +251,80 @@ def test_a_hostile_labels_entry_is_refused_naming_the_field(foreign):
         (root / INDEX_NAME).write_text(json.dumps(document))
         with pytest.raises(ManifestError, match=r"splits\.train\.labels"):
             read_manifest(root)
+
+
+# A writer of the index stopped after it read its shards, before it writes (issue 50): it prints
+# "scanned" and waits for a line on stdin. Every other part of it is the command as users run it.
+PAUSED_INDEX = """
+import sys
+from imgshards.cli.main import cli
+from imgshards.converter.shards import index as indexing
+
+read = indexing._raise_problems
+
+def paused(scans, src):
+    read(scans, src)
+    print("scanned", flush=True)
+    sys.stdin.readline()
+
+indexing._raise_problems = paused
+cli(sys.argv[1:], prog_name="imgshards")
+"""
+
+
+@pytest.fixture
+def classes_file(tiny_tree, tmp_path):
+    path = tmp_path / "classes.txt"
+    path.write_text("".join(f"{d.name}\n" for d in sorted(tiny_tree.iterdir())))
+    return path
+
+
+def run_beside_a_paused_index(root, classes_file, second):
+    """Start ``index`` of split train, stopped once it read its shards; run ``second``; let it go on."""
+    args = ["--split", "train", "--shards", "shard-00000[01].tar", "--classes", str(classes_file), "-j", "1"]
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_INDEX, "index", str(root), *args, "--no-progress"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout.readline() == "scanned\n", first.stderr.read()
+        done = subprocess.run(
+            [sys.executable, "-m", "imgshards.cli", *second], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        out, err = first.communicate("\n", timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert "indexed split 'train'" in out
+    return done
+
+
+def test_two_index_runs_at_once_both_land(foreign, classes_file):
+    # Issue 50.1: the second split used to be lost, the first index writing what it read at its start.
+    root, _ = foreign
+    second = ["index", str(root), "--split", "val", "--shards", "shard-00000[23].tar"]
+    done = run_beside_a_paused_index(root, classes_file, [*second, "--classes", str(classes_file), "-j", "1"])
+    assert "indexed split 'val'" in done.stdout
+    manifest = read_manifest(root)
+    assert sorted(manifest.splits) == ["train", "val"]
+    assert [s.samples for s in manifest.splits.values()] == [20, 20]
+    assert verify(root, workers=1).ok
+
+
+def test_a_pack_while_index_runs_both_land(foreign, classes_file, tiny_tree):
+    # Issue 50.2: a split packed meanwhile used to be lost from the index, its shards orphaned.
+    root, _ = foreign
+    pack = ["pack", str(tiny_tree), str(root), "--split", "val", "--shard-size", "20kB", "-j", "1"]
+    run_beside_a_paused_index(root, classes_file, [*pack, "--no-progress"])
+    manifest = read_manifest(root)
+    assert sorted(manifest.splits) == ["train", "val"]
+    val = manifest.split("val")
+    assert val.samples == 40 and sorted(s.name for s in val.shards) == sorted(
+        p.name for p in root.glob("val-*.tar")
+    )
+    assert manifest.split("train").samples == 20
+    assert verify(root, workers=1).ok
