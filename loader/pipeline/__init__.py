@@ -5,7 +5,12 @@
 - :mod:`.passes`: a pass of a spec: :func:`~.passes.raw_batches` (plan, read, order, cut, raw
   stages, the zip of several parts) and :func:`~.passes.worker_pass` (decode, image stages,
   collate; or offload).
-- :mod:`.runs`: reading the runs of a plan's shards, cutting them into batches, the per-batch seed.
+- :mod:`.splitreader`: :class:`~.splitreader.SplitReader`, the one reader of a packed split for
+  every dataset (``ImageFolder`` too): its tables, a run of a shard (a seek checked by the key
+  there), one sample by position (checked against the tables), the shards opened (each only while
+  the index read is the dataset's), the tables an old index lacks read from the shards.
+- :mod:`.runs`: the runs of a plan's shards (each :meth:`~.splitreader.SplitReader.run`: a local
+  shard mapped or read in small pieces), cutting them into batches, the per-batch seed.
 - :mod:`.tar`: the tar reader, a run of a shard to raw samples (through the converter's tar parser).
 - :mod:`.batches`: the batch steps, plain generators over ``(k, [samples])``.
 - :mod:`.collate`: the stack of a batch's images into one buffer (:mod:`..state.buffers`'), ``to_device``.

@@ -130,7 +130,8 @@ def raw_pass(
     """
     # plan -> WorkerPlan: this rank's and worker's segments of shards, the size of each batch
     worker_plan = plan(s, part, at)
-    # read, order -> RawSample, one run a segment (reader.read_run), interleaved and buffer-shuffled,
+    # read, order -> RawSample, one run a segment (splitreader: read_run, a seek checked by its key),
+    #                interleaved and buffer-shuffled,
     #                from batch at.first on (the samples before it replayed from the index, not read)
     samples = clock.timed_iter(READ, _read(s, part, worker_plan, at, counters))
     # cut -> (k, [RawSample]): batches from at.first on; in train what a damaged shard lost is made
@@ -162,15 +163,7 @@ def _elsewhere(
         order = partition.shard_order(shards, seed=part.seed, epoch=at.epoch, shuffle=s.shuffle)
         after = worker_plan.segments[0].shard if worker_plan.segments else None
         what = f"{part.where} (rank {at.rank})"
-        return read_elsewhere(
-            order,
-            after,
-            part.split,
-            part.source,
-            limit=max(worker_plan.sizes),
-            classes=part.classes,
-            what=what,
-        )
+        return read_elsewhere(order, after, part.reader, limit=max(worker_plan.sizes), what=what)
 
     return make_up
 
@@ -201,11 +194,9 @@ def _read(
     keep_all = keep_all or bool(s.raw_stages)  # the user's stages may want any member
     reader = RunReader(
         worker_plan.segments,
-        part.split,
-        part.source,
+        part.reader,
         on_truncated=on_truncated,
         on_unreadable=None if s.on_error == "raise" else on_unreadable,
-        classes=part.classes,
         on_corrupt=None if s.on_error == "raise" else counters.skip,  # a label outside the classes...
         counters=counters,  # counts the samples a damaged shard's run lacks
         keep_all=keep_all,

@@ -5,7 +5,10 @@
     elastic.plan (partition.worker_plan) -> RunReader.runs -> order.worker_order (interleave ->
         buffer_shuffle) -> batched (make up lost samples) -> stages (decode -> transform -> collate)
 
-A resumed pass reads through :class:`Resumed`: the order up to the resume point replayed on
+Each run is read by the split's :class:`~.splitreader.SplitReader` (the one reader of every
+dataset: the shard opened and checked, a seek by the table of starts and the key there); here, how a
+pass reads the file it opens (:class:`MappedShard`, or small reads) and what a run that ends short
+costs. A resumed pass reads through :class:`Resumed`: the order up to the resume point replayed on
 numbers alone, then only the samples still to come read. :func:`read_runs` (the runs of whole
 segments) serves :func:`read_elsewhere` and callers outside a pass. Everything here handles raw
 bytes, so shuffling and resume skipping never decode. The per-batch
@@ -15,6 +18,7 @@ augmentation seed (:func:`augment_seed`, :func:`seeded`) is shared by the worker
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import mmap
 import os
@@ -28,16 +32,13 @@ from typing import BinaryIO, TypeVar, cast
 import numpy as np
 import torch
 
-from imgshards.converter.format.locate import redact_url
-from imgshards.converter.format.manifest import ShardInfo, SplitInfo
-
 from ..epoch.order import Pending
 from ..epoch.partition import Segment
 from ..epoch.seeds import augment_seed
 from ..errors import CorruptImageError, ResourceLimitError, ShardAccessError, ShardReadError
-from ..remote import ShardSource
 from ..state.cursor import LOST, Counters
-from .tar import RawSample, read_run
+from .splitreader import SplitReader
+from .tar import RawSample
 
 __all__ = [
     "Resumed",
@@ -86,18 +87,16 @@ _maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # the process's live maps
 
 def read_runs(
     segments: Sequence[Segment],
-    split: SplitInfo,
-    source: ShardSource,
+    reader: SplitReader,
     *,
     on_truncated: Callable[[str], None],
     on_unreadable: Callable[[ShardReadError], None] | None,
-    classes: Sequence[str] | None = None,
     on_corrupt: Callable[[CorruptImageError], None] | None = None,
     counters: Counters | None = None,
     keep_all: bool = False,
     views: bool = False,
 ) -> list[Iterator[RawSample]]:
-    """One lazy run of raw samples per segment of ``split``, read from ``source`` in the given order.
+    """One lazy run of raw samples per segment of ``reader``'s split, in the given order.
 
     A segment's ``skip`` samples are read past, never yielded. A shard that cannot be read ends its
     run and is reported to ``on_unreadable``; with ``on_unreadable=None`` the
@@ -106,16 +105,14 @@ def read_runs(
     always propagates: only damage is skipped. A run that ends short of its segment (damaged shard)
     adds the samples it lacks to ``counters``' :data:`~..state.cursor.LOST` (without ``counters``:
     not counted). Labels are read as the split says (``.cls``, or a ``.json`` field); one that is
-    not one of ``classes`` goes to ``on_corrupt`` (raises with None). ``keep_all`` reads every
-    member of a sample (else a ``.json`` that holds no label is skipped).
+    not one of the split's classes goes to ``on_corrupt`` (raises with None). ``keep_all`` reads
+    every member of a sample (else a ``.json`` that holds no label is skipped).
     """
     return RunReader(
         segments,
-        split,
-        source,
+        reader,
         on_truncated=on_truncated,
         on_unreadable=on_unreadable,
-        classes=classes,
         on_corrupt=on_corrupt,
         counters=counters,
         keep_all=keep_all,
@@ -124,28 +121,30 @@ def read_runs(
 
 
 class RunReader:
-    """How the runs of one pass are read (see :func:`read_runs`): the shards, the source, what to tell."""
+    """How the runs of one pass are read (see :func:`read_runs`): the split's reader, what to tell.
+
+    Each run is :meth:`.splitreader.SplitReader.run`: the one reader of every dataset (its shard
+    opened and checked, its seek and the key there); here, how a pass reads the shard it opens (a
+    local one mapped, or in small pieces) and what it counts.
+    """
 
     def __init__(
         self,
         segments: Sequence[Segment],
-        split: SplitInfo,
-        source: ShardSource,
+        reader: SplitReader,
         *,
         on_truncated: Callable[[str], None],
         on_unreadable: Callable[[ShardReadError], None] | None,
-        classes: Sequence[str] | None,
         on_corrupt: Callable[[CorruptImageError], None] | None,
         counters: Counters | None,
         keep_all: bool,
         views: bool,
     ) -> None:
-        self.segments, self.split, self.source = segments, split, source
+        self.segments, self.reader = segments, reader
         self.on_truncated, self.on_unreadable, self.on_corrupt = on_truncated, on_unreadable, on_corrupt
         self.counters, self.keep_all, self.views = counters, keep_all, views
-        self.classes = classes
-        self.class_to_idx = {name: i for i, name in enumerate(classes)} if classes is not None else None
-        source.set_read_order([split.shards[seg.shard] for seg in segments])  # prefetch in this order
+        shards = reader.split.shards
+        reader.source.set_read_order([shards[seg.shard] for seg in segments])  # prefetch in this order
 
     def runs(self) -> list[Iterator[RawSample]]:
         """One lazy run a segment, in the given order."""
@@ -157,19 +156,14 @@ class RunReader:
         ``one``: ``seg`` is one sample, read alone (copied, not mapped: the shard is not read on).
         """
         start = seg.start if start is None else start
-        shard = self.split.shards[seg.shard]
-        run = read_run(
-            redact_url(self.source.url(shard.name)),
+        run = self.reader.run(
+            seg.shard,
             start,
             seg.stop,
+            file=functools.partial(_for_run, views=self.views and not one, one=one),
             on_truncated=self.on_truncated,
-            opener=_opener(self.source, shard, views=self.views and not one, one=one),
-            num_classes=len(self.classes) if self.classes is not None else None,
             on_corrupt=self.on_corrupt,
-            labels=self.split.labels,
-            class_to_idx=self.class_to_idx,
             keep_all=self.keep_all,
-            offset=shard.sample_offset(start) if start else None,  # a seek, not a walk
         )
         expected = seg.stop - start
         if seg.skip:
@@ -183,8 +177,8 @@ class Resumed:
 
     The worker's order up to the resume point is replayed on numbers alone
     (:func:`~..epoch.order.resumed_order`, the very order of :func:`~..epoch.order.worker_order`),
-    then each run still to be read opens its shard at its next sample (the index's offset: a seek),
-    and the samples that were in the shuffle buffer at that point come as
+    then each run still to be read opens its shard at its next sample (the table of starts: a
+    seek, checked by the key there), and the samples that were in the shuffle buffer at that point come as
     :data:`~..epoch.order.Pending` pairs, read one by one at their offsets (:meth:`samples`). So a
     resume at the end of an epoch reads the samples left in it, not the epoch (issue 37), and the
     batches are those of the pass it resumes.
@@ -239,26 +233,19 @@ def _index(seg: Segment, j: int) -> int:
     return seg.stop
 
 
-def _opener(
-    source: ShardSource, shard: ShardInfo, *, views: bool, one: bool = False
-) -> Callable[[], BinaryIO]:
-    """Opens ``shard`` for a run; ``one``: for one sample (a resume's), read in small pieces."""
-
-    def open_shard() -> BinaryIO:
-        f = source.open(shard)
-        if isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO):  # a local regular file
-            if views:
-                mapped = MappedShard.of(f)
-                if mapped is not None:
-                    return cast(BinaryIO, mapped)
-            return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
-        if one and isinstance(f, io.BufferedReader):
-            # A remote shard's reader refills its 1 MiB buffer to the full: to the shard's end,
-            # for the one sample a resume reads here (its ranged reader still reads whole chunks).
-            return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
-        return f
-
-    return open_shard
+def _for_run(f: BinaryIO, *, views: bool, one: bool = False) -> BinaryIO:
+    """How a run reads shard file ``f``; ``one``: for one sample (a resume's), read in small pieces."""
+    if isinstance(f, io.BufferedReader) and isinstance(f.raw, io.FileIO):  # a local regular file
+        if views:
+            mapped = MappedShard.of(f)
+            if mapped is not None:
+                return cast(BinaryIO, mapped)
+        return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
+    if one and isinstance(f, io.BufferedReader):
+        # A remote shard's reader refills its 1 MiB buffer to the full: to the shard's end,
+        # for the one sample a resume reads here (its ranged reader still reads whole chunks).
+        return io.BufferedReader(f.detach(), buffer_size=_SHARD_BUFFER)
+    return f
 
 
 class MappedShard:
@@ -346,11 +333,9 @@ class MappedShard:
 def read_elsewhere(
     order: Sequence[int] | np.ndarray,
     after: int | None,
-    split: SplitInfo,
-    source: ShardSource,
+    reader: SplitReader,
     *,
     limit: int,
-    classes: Sequence[str] | None,
     what: str,
 ) -> Iterator[RawSample]:
     """Up to ``limit`` samples of whole shards, in ``order`` from the shard after ``after`` on.
@@ -361,18 +346,11 @@ def read_elsewhere(
     :class:`ShardReadError` saying so (``what`` names the split and where it is).
     """
     at = int(np.flatnonzero(np.asarray(order) == after)[0]) + 1 if after is not None else 0
-    segments = [Segment(int(s), 0, split.shards[s].samples) for s in np.roll(np.asarray(order), -at)]
+    shards = reader.split.shards
+    segments = [Segment(int(s), 0, shards[s].samples) for s in np.roll(np.asarray(order), -at)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        runs = read_runs(
-            segments,
-            split,
-            source,
-            on_truncated=_ignore,
-            on_unreadable=_ignore,
-            classes=classes,
-            on_corrupt=_ignore,
-        )
+        runs = read_runs(segments, reader, on_truncated=_ignore, on_unreadable=_ignore, on_corrupt=_ignore)
         found = list(islice((s for run in runs for s in run), limit))
     if not found:
         raise ShardReadError(

@@ -40,6 +40,7 @@ from ..remote.ranges import DEFAULT_TIMEOUT
 from ..state.checkpoint import shards_digest
 from .batches import Stage, check_stages
 from .offload import DecodeOn
+from .splitreader import IndexStamp, SplitReader
 
 __all__ = [
     "DEFAULT_MAX_LOST",
@@ -64,16 +65,20 @@ DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged sha
 class Part:
     """One packed split a dataset reads: where it is, its index, its own seed and share of a batch.
 
-    ``seed`` is the seed of this part's order (a mix's part ``i`` draws from the mix's seed plus
-    ``i``); ``share`` its samples in every batch (the batch size, for a dataset of one part).
-    ``relabel`` maps the part's labels onto the dataset's classes (``None``: its labels are the
-    dataset's).
+    ``reader`` reads its samples (:class:`~.splitreader.SplitReader`, the one reader of every
+    dataset): the split's tables (mapped from the dataset's files, or fetched by ranges from a URL:
+    the pickle a worker gets holds their names, O(shards)) and the index's file as it was read, which
+    every shard opened is checked against. ``seed`` is the seed of this part's order (a mix's part
+    ``i`` draws from the mix's seed plus ``i``); ``share`` its samples in every batch (the batch
+    size, for a dataset of one part). ``relabel`` maps the part's labels onto the dataset's classes
+    (``None``: its labels are the dataset's).
     """
 
     root: Path | str
     manifest: Manifest
     split: SplitInfo
     source: ShardSource
+    reader: SplitReader
     seed: int
     share: int
     relabel: np.ndarray | None = None
@@ -351,7 +356,7 @@ def make_spec(
     indexes = [read_index(s, split) for s in opened]
     mixed = len(opened) > 1
     if mixed:
-        weights = tuple(float(w) for w in (weights or [info.samples for _, _, info in indexes]))
+        weights = tuple(float(w) for w in (weights or [info.samples for _, _, info, _ in indexes]))
         if len(weights) != len(opened):
             raise ConfigError(f"{len(weights)} weights for {len(opened)} sources")
         shares = split_batch(batch_size, weights)
@@ -359,7 +364,7 @@ def make_spec(
         weights, shares = (), [batch_size]
     # One label a class name: each part's labels mapped onto the spec's classes (None where a part's
     # list is the spec's: its labels stay as they are).
-    names = [tuple(manifest.classes) for _, manifest, _ in indexes]
+    names = [tuple(manifest.classes) for _, manifest, _, _ in indexes]
     classes = merged_classes(names)
     ids = {name: i for i, name in enumerate(classes)}
     parts = tuple(
@@ -368,11 +373,12 @@ def make_spec(
             manifest,
             info,
             source,
+            SplitReader(info, manifest.classes, source, stamp=stamp),
             seed=seed + i,
             share=share,
             relabel=None if own == classes else np.array([ids[c] for c in own], dtype=np.int64),
         )
-        for i, (source, (root, manifest, info), share, own) in enumerate(
+        for i, (source, (root, manifest, info, stamp), share, own) in enumerate(
             zip(opened, indexes, shares, names, strict=True)
         )
     )
@@ -509,7 +515,7 @@ def open_source(
     )
 
 
-Index = tuple[Path | str, Manifest, SplitInfo]
+Index = tuple[Path | str, Manifest, SplitInfo, IndexStamp | None]
 
 
 _SLACK = 1 << 16  # samples a split may claim past what its files hold, before the claim is refused
@@ -517,6 +523,9 @@ _SLACK = 1 << 16  # samples a split may claim past what its files hold, before t
 
 def read_index(source: ShardSource, split: str) -> Index:
     """The root, index and split ``split`` of ``source``, read once; its shards are checked to exist.
+
+    With the index's file as it was read (:class:`~.splitreader.IndexStamp`, None for a URL),
+    taken before reading it: a shard is opened only while the index is still that file.
 
     The split's sample count sizes the pass's plan (batches per rank and worker), so it is checked
     against what its shards' files can hold first (a tar sample takes at least ``MIN_SAMPLE_BYTES``),
@@ -530,6 +539,7 @@ def read_index(source: ShardSource, split: str) -> Index:
 
     """
     root: Path | str = source.root if source.remote else Path(source.root)
+    stamp = None if source.remote else IndexStamp.of(root)
     manifest = read_manifest(root, storage_options=source.storage_options)
     split_info = manifest.split(split)
     found = source.check(split_info.shards, split)
@@ -543,7 +553,7 @@ def read_index(source: ShardSource, split: str) -> Index:
                 f"{room:,} samples): the index does not describe these shards; re-pack the dataset, or "
                 "index its shards with `imgshards index`"
             )
-    return root, manifest, split_info
+    return root, manifest, split_info, stamp
 
 
 def _dataset_dir(source: str | os.PathLike[str]) -> str | os.PathLike[str]:

@@ -36,7 +36,8 @@ from typing import Any, BinaryIO, cast
 
 from imgshards.converter.format.errors import ImgshardsError, ShardFormatError
 from imgshards.converter.format.manifest import IMAGE_EXTENSIONS, LabelSource, open_regular
-from imgshards.converter.format.tarsamples import SampleReader, TarSample, sample_problem
+from imgshards.converter.format.tables import key_digest
+from imgshards.converter.format.tarsamples import SampleReader, TarSample, sample_problem, shown
 from imgshards.converter.format.tarstream import TarStream
 
 from ..errors import CorruptImageError, ResourceLimitError, ShardReadError
@@ -164,6 +165,7 @@ def read_run(
     class_to_idx: Mapping[str, int] | None = None,
     keep_all: bool = False,
     offset: int | None = None,
+    expect: int | None = None,
 ) -> Iterator[RawSample]:
     """Yield samples ``[start, stop)`` of the shard at ``path``, in stored order.
 
@@ -173,7 +175,9 @@ def read_run(
     ``.cls``); ``class_to_idx`` maps class names to ids for labels that are names. Every member is
     read but ``.json`` (when the label is elsewhere), or every member with ``keep_all``. ``offset``
     is where sample ``start`` begins (the index's table of sample starts): the run seeks there
-    instead of stepping over the samples before it.
+    instead of stepping over the samples before it; ``expect``, the CRC-32 of that sample's key (the
+    index's table of keys), is checked against the sample found there: another sample there ends
+    the run, its samples lost (told as a shard cut short is), never read in their place.
 
     A shard that ends early (truncated, cut mid-member, or damaged) yields what it has before the
     damage; ``on_truncated`` (or a ``RuntimeWarning``) is told once, naming the shard and the sample
@@ -184,11 +188,11 @@ def read_run(
     error of the file is a :class:`~imgshards.loader.errors.ShardReadError`.
     """
     url, path = str(path), Path(path)
-    expected, got, problem = stop - start, 0, ""
+    expected, got, problem, misplaced = stop - start, 0, "", False
     readable = [0]  # complete samples the shard was seen to hold, counted by _samples
     with opener() if opener is not None else open(path, "rb", buffering=_READ_BUFFER) as f:
         labeled = _Labels(labels or LabelSource(), class_to_idx, num_classes, keep_all=keep_all)
-        samples = _samples(cast(BufferedReader, f), start, stop, url, labeled, readable, offset)
+        samples = _samples(cast(BufferedReader, f), start, stop, url, labeled, readable, offset, expect)
         try:
             for sample in samples:
                 got += 1
@@ -199,6 +203,8 @@ def read_run(
                     on_corrupt(sample)
                 else:
                     yield sample
+        except _Misplaced as e:
+            problem, misplaced = str(e), True
         except ShardFormatError as e:
             problem = f"; {e}"
         except (OSError, MemoryError) as e:
@@ -212,13 +218,20 @@ def read_run(
             raise ShardReadError(f"cannot read shard {path}: {e}", shard=path.name) from e
         finally:
             samples.close()
-    if got < expected:
+    if misplaced:
+        message = (
+            f"shard {path.name}: {problem}: the {expected} samples [{start}, {stop}) read here are lost "
+            "(the index does not describe this shard: rewritten since it was packed, or its tables "
+            "damaged; run `imgshards verify`); the epoch goes on without them"
+        )
+    elif got < expected:
         held = start + got if got else readable[0]
         message = (
             f"shard {path.name} holds only {held} readable sample(s){problem}: {expected - got} of the "
             f"{expected} samples [{start}, {stop}) read here are lost (truncated or rewritten since it "
             "was packed); the epoch goes on without them"
         )
+    if misplaced or got < expected:
         if on_truncated is not None:
             on_truncated(message)
         else:
@@ -233,22 +246,33 @@ def _samples(
     labels: _Labels,
     readable: list[int],
     offset: int | None = None,
+    expect: int | None = None,
 ) -> Generator[RawSample | CorruptImageError, None, None]:
     """Samples ``[start, stop)`` of the shard, from the converter's one tar reader, as raw samples.
 
     A sample that is not usable comes out as the error saying why, in its place. ``readable[0]``
     follows how many complete samples the shard was seen to hold (for the message about a damaged
-    shard).
+    shard). After a seek, a first sample whose key's CRC-32 is not ``expect`` raises
+    :class:`_Misplaced`.
     """
     end = f.seek(0, os.SEEK_END)  # members are checked against the bytes the shard really has
     # A seek to the table's start of sample `start`; past the end, a truncated shard: walked to its end.
     at, offset = (start, offset) if offset is not None and offset < end else (0, 0)
+    if not at:
+        expect = None  # a walk from the shard's start finds sample `start` where it is
     f.seek(offset)
     tar = TarStream(f, end=end, offset=offset)
     reader = SampleReader(tar, start=start, stop=stop, skip=labels.skipped, at=at)
     member = labels.member
     try:
         for sample in reader:
+            if expect is not None:  # the first sample after the seek: the one the index names?
+                if key_digest(sample.key) != expect:
+                    raise _Misplaced(
+                        f"sample {start} is not where the index's table of starts says (byte {offset}): "
+                        f"{shown(sample.key)} is there, not the key its table of keys names"
+                    )
+                expect = None
             if sample.cut:  # the damage fell in this sample: whole if its label and image came before it
                 if member in sample.parts and not _IMAGE_EXTS.isdisjoint(sample.parts):
                     yield _to_raw(sample, url, labels)
@@ -269,6 +293,10 @@ def _samples(
         readable[0] = max(readable[0], reader.seen + whole)
         raise
     readable[0] = reader.seen
+
+
+class _Misplaced(Exception):
+    """The sample a run sought is not where the index's table of starts says: another one is there."""
 
 
 class _Labels:

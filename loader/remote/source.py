@@ -202,6 +202,35 @@ class ShardSource:
                 ) from e
         return self._process().open(shard)
 
+    def read_range(self, name: str, size: int, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of the file ``name`` at the root, ``size`` bytes as the index says.
+
+        How a split's table files are read behind a URL, a shard's entries at a time
+        (:class:`~imgshards.converter.format.tablefiles.SplitTables`): one ranged request through
+        the same file system, timeouts, retries and version check as a shard's
+        (:class:`~.ranges.RangeReader` on :class:`~.objects.RemoteObject`), every range of a file
+        from the version its first answer pinned; never the whole file. A local file is read with
+        one ``pread``, opened as a shard is (a regular file inside the root).
+
+        Raises:
+            ShardAccessError: the file is gone or refused (a setting to fix).
+            ShardReadError: it cannot be read (retries spent, or an I/O error).
+
+        """
+        if not 0 <= start <= stop <= size:
+            raise ValueError(f"bytes {start}..{stop} of a file of {size}")
+        if start == stop:
+            return b""
+        if self.remote:
+            return self._process().read_range(name, size, start, stop)
+        try:
+            with open_regular(self.url(name), inside=Path(self.root)) as f:
+                return os.pread(f.fileno(), stop - start, start)
+        except (FileNotFoundError, PermissionError) as e:
+            raise ShardAccessError(f"cannot read {self.url(name)}: {e.strerror or e}", shard=name) from e
+        except OSError as e:
+            raise ShardReadError(f"cannot read {self.url(name)}: {e}", shard=name) from e
+
     def settle(self) -> None:
         """Wait for this process's downloads into the cache to end (before a worker exits)."""
         if self._state is not None and self._state.pid == os.getpid():
@@ -243,6 +272,7 @@ class _ProcessState:
         if _in_dataloader_worker():  # its parent (make_loader watches the trainer past a forkserver)
             end_with(os.getppid())
         self.downloads: dict[str, _Download] = {}
+        self.files: dict[str, RemoteObject] = {}  # the files read by ranges (tables), each pinned
         self.order: list[ShardInfo] = []
         self.position: dict[str, int] = {}
         self.furthest = -1
@@ -291,21 +321,44 @@ class _ProcessState:
         return io.BufferedReader(self._stream(self._object(shard)), _READ_BUFFER)
 
     def _object(self, shard: ShardInfo) -> RemoteObject:
-        path = f"{self.path}/{shard.name}"
-        deadline = functools.partial(self.source.retry.deadline, self.source.timeout)
-        return remote_object(self.fs, path, redact_url(self.source.url(shard.name)), shard.bytes, deadline)
+        return self._remote(shard.name, shard.bytes)
 
-    def _stream(self, remote: RemoteObject) -> RangeReader:
+    def _remote(self, name: str, size: int) -> RemoteObject:
+        deadline = functools.partial(self.source.retry.deadline, self.source.timeout)
+        return remote_object(
+            self.fs, f"{self.path}/{name}", redact_url(self.source.url(name)), size, deadline
+        )
+
+    def _stream(
+        self, remote: RemoteObject, *, stop: int | None = None, chunk_size: int | None = None
+    ) -> RangeReader:
         return RangeReader(
             remote.fetch,
-            remote.size,
+            remote.size if stop is None else stop,
             name=remote.name,
-            chunk_size=self.source.chunk_size,
+            chunk_size=chunk_size or self.source.chunk_size,
             readahead=self.source.readahead,
             retry=self.source.retry,
             timeout=self.source.timeout,
             open_whole=None if remote.ranges_only else remote.open_whole,
         )
+
+    def read_range(self, name: str, size: int, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of file ``name`` (see :meth:`ShardSource.read_range`): one request."""
+        with self.lock:
+            remote = self.files.get(name)
+            if remote is None:
+                remote = self.files[name] = self._remote(name, size)
+        # A reader of the object up to `stop` alone, one chunk of the range: one request, none ahead.
+        reader = self._stream(remote, stop=stop, chunk_size=stop - start)
+        try:
+            reader.seek(start)
+            data = reader.read(stop - start)
+        finally:
+            reader.close()
+        if data is None or len(data) != stop - start:  # a RangeReader reads to the full, or raises
+            raise ShardReadError(f"{remote.name}: got {len(data or b'')} of bytes {start}-{stop}", shard=name)
+        return data
 
     def cache_failed(self, error: OSError) -> None:
         """Stop writing the cache in this process (it cannot be written), saying so once."""

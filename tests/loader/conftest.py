@@ -8,6 +8,7 @@ sample identity, order and coverage without any hook in the loader.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -15,14 +16,18 @@ import socket
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import webdataset as wds
 
 from imgshards.converter.format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo, read_manifest
+from imgshards.converter.format.tablefiles import SplitTables, table_file_name
+from imgshards.converter.format.tables import BLOCK, encode_sources, encode_table
 from imgshards.loader import Batch
 from imgshards.loader.image.decode import decode
 
@@ -162,6 +167,106 @@ def class_sorted(packed_many, tmp_path_factory) -> Path:
     split = SplitInfo(name="train", shards=tuple(shards), class_counts=tuple(s.samples for s in shards))
     (root / INDEX_NAME).write_text(Manifest(classes=manifest.classes, splits={"train": split}).dumps())
     return root
+
+
+# ---- a packed split's tables (index format 2), edited as a hostile or stale index would have them ----
+
+
+def split_tables(root: Path, split: str = "train") -> SplitTables:
+    """The tables of ``split`` of the packed dataset at ``root``, as the loader reads them."""
+    manifest = read_manifest(root)
+    return SplitTables(manifest.split(split), len(manifest.classes), root=root)
+
+
+def table_entries(root: Path, split: str = "train") -> dict[str, np.ndarray]:
+    """Every fixed-width table of ``split`` (starts in 512-byte blocks, labels, keys), whole: copies."""
+    info = read_manifest(root).split(split)
+    return {t: np.fromfile(root / f.name, dtype="<u4") for t, f in info.tables.items() if t != "sources"}
+
+
+def rewrite_index(
+    root: Path,
+    *,
+    tables: Mapping[str, Iterable[int]] | None = None,
+    drop: Iterable[str] = (),
+    edit: Callable[[dict[str, Any]], None] | None = None,
+    split: str = "train",
+) -> None:
+    """Rewrite ``root``'s index in place, as a hostile or stale index would be.
+
+    ``tables`` are written as new files (named by their content, as pack names them), the tables in
+    ``drop`` left out (as an index written before them), then ``edit`` is called on the split's JSON.
+    """
+    doc = json.loads((root / INDEX_NAME).read_text())
+    body = doc["splits"][split]
+    for name, entries in (tables or {}).items():
+        data = np.asarray(list(entries), dtype="<u4").tobytes()
+        sha = hashlib.sha256(data).hexdigest()
+        file = table_file_name(split, name, sha)
+        (root / file).write_bytes(data)
+        body["tables"][name] = {"file": file, "bytes": len(data), "sha256": sha}
+    for name in drop:
+        body["tables"].pop(name, None)
+        if name == "sources":
+            for shard in body["shards"]:
+                shard.pop("sources_bytes", None)
+    if edit is not None:
+        edit(body)
+    (root / INDEX_NAME).write_text(json.dumps(doc))
+
+
+def as_format1(src: Path, dst: Path) -> Path:
+    """``src`` as a dataset of index format 1 at ``dst``: its shards (hard links), its tables in the index.
+
+    What ``pack`` wrote before the tables were files: each shard's entries as base64 in its entry.
+    """
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.glob("*.tar"):
+        os.link(path, dst / path.name)
+    manifest = read_manifest(src)
+    doc = json.loads((src / INDEX_NAME).read_text())
+    for name, body in doc["splits"].items():
+        tables = SplitTables(manifest.split(name), len(manifest.classes), root=src)
+        for s, shard in enumerate(body["shards"]):
+            if tables.has("starts"):
+                shard["offsets"] = encode_table((tables.starts(s) // BLOCK).tolist())
+            for table in ("labels", "keys"):
+                entries = tables.labels(s) if table == "labels" else tables.keys(s)
+                if entries is not None:
+                    shard[table] = encode_table(entries.tolist())
+            paths = tables.sources(s)
+            if paths is not None:
+                shard["sources"] = encode_sources(paths)
+            shard.pop("sources_bytes", None)
+        body.pop("tables", None)
+    doc["version"] = 1
+    (dst / INDEX_NAME).write_text(json.dumps(doc))
+    assert read_manifest(dst).version == 1
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tables_of():
+    """``tables_of(root, split="train")``: the split's :class:`SplitTables`."""
+    return split_tables
+
+
+@pytest.fixture(scope="session")
+def entries_of():
+    """``entries_of(root, split="train")``: the split's fixed-width tables, whole (numpy copies)."""
+    return table_entries
+
+
+@pytest.fixture(scope="session")
+def index_rewriter():
+    """``index_rewriter(root, tables=..., drop=..., edit=...)``: see :func:`rewrite_index`."""
+    return rewrite_index
+
+
+@pytest.fixture(scope="session")
+def format1():
+    """``format1(src, dst)``: ``src`` as a dataset of index format 1 (see :func:`as_format1`)."""
+    return as_format1
 
 
 def _free_port() -> int:

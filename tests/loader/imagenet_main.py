@@ -7,7 +7,7 @@ Its data path is main.py's, line for line: ``import torchvision.datasets as data
 then the samples it left out, ``aux_val_loader``), its counts summed with ``all_reduce``. The model
 is small and the device the CPU (gloo), where main.py takes ``--arch`` on GPUs (nccl).
 ``tests/loader/test_imagenet_example.py`` runs it as it is on the source tree, and with its import
-changed to ``import imgshards.loader as datasets`` on the packed one.
+changed to ``import imgshards.loader.torchvision_datasets as datasets`` on the packed one.
 """
 
 import argparse

@@ -331,7 +331,7 @@ def test_resume_refuses_a_state_of_another_split_or_dataset(two_splits, packed_m
 
 
 def test_a_state_saved_mid_epoch_by_an_older_order_is_refused_naming_the_way_out(two_splits):
-    """Versions 4 and 5 changed the order's draws (issues 37, 49): an older mid-epoch state replays another order."""
+    """Versions 4 and 5 changed the order's draws (issues 37, 49): an older mid-epoch state, another order."""
     ld = make_loader(dataset(two_splits), num_workers=0)
     next(iter(ld))
     state = ld.state_dict()

@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from imgshards.converter import pack
 from imgshards.converter.config import PackConfig
 from imgshards.converter.format.manifest import INDEX_NAME, read_manifest
-from imgshards.converter.format.tables import TABLES, decode_table, encode_table
+from imgshards.converter.format.tables import TABLES
 from imgshards.loader import ConfigError, CorruptImageError, ImageFolder, MixedDataset, ShardDataset
+
+from .conftest import as_format1, rewrite_index, table_entries
 
 HUGE = 10_737_418_240  # samples claimed by an index of a few KB
 
@@ -38,14 +40,13 @@ def one_shard(tiny_tree, tmp_path_factory) -> Path:
     return root
 
 
-def rewritten(root: Path, where: Path, edit) -> Path:
-    """``root``'s shards (hard links) under ``where``, with its index edited by ``edit(split)``."""
+def rewritten(root: Path, where: Path, edit=None, **tables) -> Path:
+    """``root``'s shards and tables (hard links) under ``where``, its index rewritten (``rewrite_index``)."""
     where.mkdir(parents=True, exist_ok=True)
-    for shard in root.glob("*.tar"):
-        os.link(shard, where / shard.name)
-    doc = json.loads((root / INDEX_NAME).read_text())
-    edit(doc["splits"]["train"])
-    (where / INDEX_NAME).write_text(json.dumps(doc))
+    for path in [*root.glob("*.tar"), *root.glob("*.u32"), *root.glob("*.zlib")]:
+        os.link(path, where / path.name)
+    (where / INDEX_NAME).write_bytes((root / INDEX_NAME).read_bytes())
+    rewrite_index(where, edit=edit, **tables)
     return where
 
 
@@ -59,14 +60,10 @@ def true_samples(root: Path) -> list[tuple[bytes, int]]:
 
 @pytest.mark.parametrize("keep", [("keys", "labels"), ("keys",)])
 def test_a_table_shifted_by_one_sample_never_reads_the_next(one_shard, tmp_path, keep):
-    def shift(split):
-        shard = split["shards"][0]
-        starts = list(decode_table(shard["offsets"]))
-        shard["offsets"] = encode_table([0, *starts[2:], starts[-1] + 1])
-        for table in sorted({"keys", "labels", "sources"} - set(keep)):  # as an index older than the table
-            del shard[table]
-
-    dataset = ImageFolder(rewritten(one_shard, tmp_path / "p", shift))
+    starts = table_entries(one_shard)["starts"].tolist()
+    older = sorted({"keys", "labels", "sources"} - set(keep))  # as an index older than the table
+    shifted = {"starts": [0, *starts[2:], starts[-1] + 1]}
+    dataset = ImageFolder(rewritten(one_shard, tmp_path / "p", tables=shifted, drop=older))
     truth = true_samples(one_shard)
     for i in range(len(dataset)):
         try:
@@ -83,22 +80,18 @@ def test_a_table_shifted_by_one_sample_never_reads_the_next(one_shard, tmp_path,
 @given(data=st.data())
 def test_a_table_wrong_in_one_entry_gives_the_true_sample_or_raises(one_shard, data):
     shard = read_manifest(one_shard).split("train").shards[0]
-    starts = list(decode_table(shard.offsets or ""))
+    starts = table_entries(one_shard)["starts"].tolist()
     i = data.draw(st.integers(1, len(starts) - 1), label="entry")
     low, high = starts[i - 1] + 1, (starts[i + 1] - 1 if i + 1 < len(starts) else shard.bytes // 512 - 1)
     value = data.draw(st.integers(low, high).filter(lambda v: v != starts[i]), label="start")
     without_keys = data.draw(st.booleans(), label="without keys and labels")
-
-    def wrong(split):
-        entry = split["shards"][0]
-        entry["offsets"] = encode_table([*starts[:i], value, *starts[i + 1 :]])
-        if without_keys:
-            for table in ("keys", "labels", "sources"):
-                del entry[table]
+    wrong = {"starts": [*starts[:i], value, *starts[i + 1 :]]}
+    older = ("keys", "labels", "sources") if without_keys else ()
 
     truth = true_samples(one_shard)
     with tempfile.TemporaryDirectory() as tmp:
-        dataset = ImageFolder(rewritten(one_shard, Path(tmp) / "p", wrong), transform=lambda im: im.tobytes())
+        rewrote = rewritten(one_shard, Path(tmp) / "p", tables=wrong, drop=older)
+        dataset = ImageFolder(rewrote, transform=lambda im: im.tobytes())
         for j in (i - 1, i):
             try:
                 got = dataset[j]
@@ -126,6 +119,7 @@ def huge(one_shard, tmp_path_factory) -> Path:
     split = doc["splits"]["train"]
     split.update(shards=shards, samples=HUGE, bytes=20 << 40, class_counts=[HUGE, 0, 0, 0])
     split.pop("image_sizes", None)
+    split.pop("tables", None)  # no table backs the claim
     (root / INDEX_NAME).write_text(json.dumps(doc))
     assert (root / INDEX_NAME).stat().st_size < 8192
     return root
@@ -171,16 +165,21 @@ def test_a_shard_left_empty_by_its_one_damaged_file_reads_as_empty(tiny_tree, tm
     pack(src, root, PackConfig(workers=1, max_samples=1))
     info = read_manifest(root).split("train")
     empty = [s for s in info.shards if s.samples == 0]
-    assert len(empty) == 1 and empty[0].offsets == ""
+    assert len(empty) == 1 and empty[0].sources_bytes is not None
     dataset = ImageFolder(root)
     assert len(dataset) == 39 and len(dataset.targets) == 39 and len(dataset.samples) == 39
     dataset[len(dataset) - 1]
 
-    def as_before(split):  # an index written by bc91b27: no table at all for the empty shard
-        for shard in split["shards"]:
-            if shard["samples"] == 0:
-                for table in TABLES:
-                    shard.pop(table, None)
-
-    older = rewritten(root, tmp_path / "older", as_before)
+    # Format 1: an empty table for the empty shard; an index written by bc91b27: no table at all for it.
+    older = as_format1(root, tmp_path / "v1")
+    assert [s.offsets for s in read_manifest(older).split("train").shards if s.samples == 0] == [""]
     assert len(ImageFolder(older)) == 39
+    doc = json.loads((older / INDEX_NAME).read_text())
+    for shard in doc["splits"]["train"]["shards"]:
+        if shard["samples"] == 0:
+            for table in TABLES:
+                shard.pop(table, None)
+    (older / INDEX_NAME).write_text(json.dumps(doc))
+    dataset = ImageFolder(older)
+    assert len(dataset) == 39 and dataset.targets == ImageFolder(root).targets
+    dataset[len(dataset) - 1]

@@ -30,7 +30,7 @@ from torchvision.transforms import v2
 
 from imgshards.converter.format.errors import ManifestError
 from imgshards.converter.format.manifest import INDEX_NAME, read_manifest
-from imgshards.converter.format.tables import BLOCK, decode_table, encode_table
+from imgshards.converter.format.tables import BLOCK
 from imgshards.loader import ConfigError, CorruptImageError, ImageFolder
 from imgshards.loader.image.decode import decode, pil_image
 
@@ -138,8 +138,8 @@ def test_a_shuffled_epoch_through_forked_workers_is_every_sample_once(packed_man
 def test_spawned_workers_get_a_dataset_without_open_files(packed_many, torchvision_pairs):
     dataset = ImageFolder(packed_many, v2.PILToTensor())
     dataset[0]
-    assert dataset._files  # one shard open here, and the pickle carries none
-    assert not pickle.loads(pickle.dumps(dataset))._files
+    assert dataset.reader._held  # one shard open here, and the pickle carries none
+    assert not pickle.loads(pickle.dumps(dataset)).reader._held
     loader = DataLoader(dataset, batch_size=16, num_workers=2, multiprocessing_context="spawn")
     assert collections.Counter(loaded_pairs(loader)) == torchvision_pairs
 
@@ -190,11 +190,12 @@ def test_distributed_sampler_gives_each_rank_its_part(n, packed_many, torchvisio
 
 
 def _shard_fds(root: Path) -> int:
-    """The file descriptors of this process open on files under ``root``."""
+    """The file descriptors of this process open on shards under ``root`` (not its mapped tables)."""
     count = 0
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the descriptor listdir itself held, closed by now
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith(str(root.resolve()))
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            count += target.startswith(str(root.resolve())) and target.endswith(".tar")
     return count
 
 
@@ -228,25 +229,34 @@ def test_the_index_file_or_a_split_name(n, packed_many, mixed_packed):
 # ---- untrusted input: a hostile index, a damaged shard ---------------------------------------------
 
 
-def _edit_index(root: Path, edit) -> None:
-    index = json.loads((root / INDEX_NAME).read_text())
-    edit(index["splits"]["train"])
-    (root / INDEX_NAME).write_text(json.dumps(index))
+def _starts(root: Path) -> tuple[list[int], list[int]]:
+    """The split's table of starts (in 512-byte blocks), and where each shard's entries begin in it."""
+    info = read_manifest(root).split("train")
+    first = np.cumsum([0, *(s.samples for s in info.shards)]).tolist()
+    return read_entries(root)["starts"].tolist(), first
 
 
-def test_an_offset_past_the_shards_end_fails_cleanly(packed_copy):
-    def grow(split):  # the index claims a larger shard, its last sample past the real end
-        shard = split["shards"][0]
-        table = list(decode_table(shard["offsets"]))
-        table[-1] = shard["bytes"] // BLOCK + 100
-        shard["bytes"] += 200 * BLOCK
+def read_entries(root: Path) -> dict[str, np.ndarray]:
+    return {
+        t: np.fromfile(root / f.name, dtype="<u4")
+        for t, f in read_manifest(root).split("train").tables.items()
+        if t != "sources"
+    }
+
+
+def test_an_offset_past_the_shards_end_fails_cleanly(packed_copy, index_rewriter):
+    starts, first = _starts(packed_copy)
+    bytes0 = read_manifest(packed_copy).split("train").shards[0].bytes
+    last = first[1] - 1
+    starts[last] = bytes0 // BLOCK + 100  # the index claims a larger shard, its last sample past the end
+
+    def grow(split):
+        split["shards"][0]["bytes"] += 200 * BLOCK
         split["bytes"] += 200 * BLOCK
-        shard["offsets"] = encode_table(table)
 
-    _edit_index(packed_copy, grow)
+    index_rewriter(packed_copy, tables={"starts": starts}, edit=grow)
     with pytest.warns(RuntimeWarning, match="the index says"):
         dataset = ImageFolder(packed_copy)
-    last = read_manifest(packed_copy).split("train").shards[0].samples - 1
     with pytest.raises(
         CorruptImageError, match=r"sample \d+ of split 'train' .*train-000000\.tar.* cut short"
     ):
@@ -254,53 +264,73 @@ def test_an_offset_past_the_shards_end_fails_cleanly(packed_copy):
     dataset[0]  # the other samples still read
 
 
-def test_a_shard_the_index_says_holds_half_a_terabyte_is_read_no_further_than_its_end(packed_copy):
+def test_a_shard_the_index_says_holds_half_a_terabyte_is_read_no_further_than_its_end(
+    packed_copy, index_rewriter
+):
+    tables = read_entries(packed_copy)
+    first = _starts(packed_copy)[1]
+    at = first[1]  # one more sample in shard 0, 256 GiB in; one entry each in the labels and keys
+    tables = {
+        "starts": np.insert(tables["starts"], at, 2**29),
+        "labels": np.insert(tables["labels"], at, 0),
+        "keys": np.insert(tables["keys"], at, 0),
+    }
+
     def huge(split):  # a hostile index: pread would allocate the declared span before reading
         shard = split["shards"][0]
-        table = list(decode_table(shard["offsets"]))
-        table.append(2**29)  # one more sample, 256 GiB in
         shard["samples"] += 1
         split["samples"] += 1
         split["class_counts"][0] += 1
         shard["bytes"] += 2**39
         split["bytes"] += 2**39
-        shard["offsets"] = encode_table(table)
-        for other in ("labels", "keys"):  # one entry each for the sample claimed
-            shard[other] = encode_table([*decode_table(shard[other]), 0])
-        del shard["sources"]
 
-    _edit_index(packed_copy, huge)
+    index_rewriter(packed_copy, tables=tables, drop=["sources"], edit=huge)
     with pytest.warns(RuntimeWarning, match="the index says"):
         dataset = ImageFolder(packed_copy)
-    last = read_manifest(packed_copy).split("train").shards[0].samples - 1
+    last = at
     with pytest.raises(CorruptImageError, match="cut short"):
         dataset[last]
     image, _ = dataset[last - 1]  # its span, to the next start, is read to the file's end: whole
     assert image.size == (64, 48)
 
 
-def test_an_offset_inside_a_member_fails_cleanly(packed_copy):
-    def shift(split):  # sample 1 said to start one block after its header: inside its image
-        shard = split["shards"][0]
-        table = list(decode_table(shard["offsets"]))
-        table[1] += 1
-        shard["offsets"] = encode_table(table)
-
-    _edit_index(packed_copy, shift)
+def test_an_offset_inside_a_member_fails_cleanly(packed_copy, index_rewriter):
+    starts, _ = _starts(packed_copy)
+    starts[1] += 1  # sample 1 said to start one block after its header: inside its image
+    index_rewriter(packed_copy, tables={"starts": starts})
     with pytest.raises(
         CorruptImageError, match="does not parse as a tar sample: a tar header has a bad checksum"
     ):
         ImageFolder(packed_copy)[1]
 
 
-def test_a_table_the_index_check_refuses_fails_at_build(packed_copy):
-    def one_too_many(split):  # one entry more than the shard has samples
-        shard = split["shards"][0]
-        shard["offsets"] = base64.b64encode(bytes(4) * (shard["samples"] + 1)).decode()
-
-    _edit_index(packed_copy, one_too_many)
+def test_a_table_the_index_check_refuses_fails_at_build(packed_copy, index_rewriter, format1, tmp_path):
+    old = format1(packed_copy, tmp_path / "v1")  # format 1: one entry more than the shard has samples
+    doc = json.loads((old / INDEX_NAME).read_text())
+    shard = doc["splits"]["train"]["shards"][0]
+    shard["offsets"] = base64.b64encode(bytes(4) * (shard["samples"] + 1)).decode()
+    (old / INDEX_NAME).write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="offsets"):
+        ImageFolder(old)
+
+    def one_too_many(split):  # format 2: the index names a table of another size than its samples need
+        split["tables"]["starts"]["bytes"] += 4
+
+    index_rewriter(packed_copy, edit=one_too_many)
+    with pytest.raises(ManifestError, match=r"tables\.starts\.bytes"):
         ImageFolder(packed_copy)
+
+
+def test_a_table_file_not_what_the_index_says_fails_the_first_read_naming_it(packed_copy):
+    info = read_manifest(packed_copy).split("train")
+    starts = packed_copy / info.tables["starts"].name
+    starts.write_bytes(starts.read_bytes() + bytes(4))  # one entry more than the index says
+    dataset = ImageFolder(packed_copy)
+    with pytest.raises(ManifestError, match=rf"{starts.name} is .* bytes where the index says"):
+        dataset[0]
+    starts.unlink()  # gone, as a re-pack removes the tables it replaces
+    with pytest.raises(ManifestError, match=rf"{starts.name} is missing: .*re-packed"):
+        ImageFolder(packed_copy)[0]
 
 
 def test_a_truncated_shard_names_the_sample(packed_copy):

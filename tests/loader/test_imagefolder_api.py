@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -206,16 +207,21 @@ def test_targets_and_samples_open_no_shard(tiny_packed):
     assert opened == 1  # the audit hook sees a read
 
 
-def test_an_index_older_than_the_tables_reads_them_from_the_shards(tiny_packed, tiny_tree, tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_index_older_than_the_tables_reads_them_from_the_shards(
+    tiny_packed, tmp_path, version, format1, index_rewriter
+):
     old = tmp_path / "old"
-    old.mkdir()
-    for path in tiny_packed.glob("*.tar"):
-        os.link(path, old / path.name)
-    doc = json.loads((tiny_packed / INDEX_NAME).read_text())
-    for shard in doc["splits"]["train"]["shards"]:
-        for table in ("labels", "keys", "sources"):
-            del shard[table]
-    (old / INDEX_NAME).write_text(json.dumps(doc))
+    if version == 1:
+        format1(tiny_packed, old)
+        doc = json.loads((old / INDEX_NAME).read_text())
+        for shard in doc["splits"]["train"]["shards"]:
+            for table in ("labels", "keys", "sources"):
+                del shard[table]
+        (old / INDEX_NAME).write_text(json.dumps(doc))
+    else:
+        shutil.copytree(tiny_packed, old)
+        index_rewriter(old, drop=["labels", "keys", "sources"])
     then, now = ImageFolder(old), ImageFolder(tiny_packed)
     assert then.targets == now.targets and list(then.samples) == list(now.samples)
     assert [then[i][1] for i in range(len(then))] == then.targets
@@ -233,16 +239,13 @@ def test_shards_another_tool_wrote_open_map_style_once_indexed(foreign_factory, 
     assert len(set(names)) == 40
 
 
-def test_a_table_of_starts_shifted_by_one_never_reads_a_neighbour(tiny_tree, tmp_path):
+def test_a_table_of_starts_shifted_by_one_never_reads_a_neighbour(
+    tiny_tree, tmp_path, entries_of, index_rewriter
+):
     root = tmp_path / "p"
     pack(tiny_tree, root, PackConfig(workers=1))  # one shard
-    doc = json.loads((root / INDEX_NAME).read_text())
-    from imgshards.converter.format.tables import decode_table, encode_table
-
-    shard = doc["splits"]["train"]["shards"][0]
-    starts = list(decode_table(shard["offsets"]))
-    shard["offsets"] = encode_table([0, *starts[2:], starts[-1] + 1])
-    (root / INDEX_NAME).write_text(json.dumps(doc))
+    starts = entries_of(root)["starts"].tolist()
+    index_rewriter(root, tables={"starts": [0, *starts[2:], starts[-1] + 1]})
     dataset = ImageFolder(root)
     for i in range(1, 8):
         with pytest.raises(CorruptImageError, match="is not where the index's table of starts says"):

@@ -1,10 +1,11 @@
 """A script written as pytorch/examples' ``imagenet/main.py`` switches to imgshards by its import alone.
 
 ``imagenet_main.py`` (beside this file) runs as it is on the tree (``data/train``, ``data/val``),
-then with ``import torchvision.datasets as datasets`` changed to ``import imgshards.loader as
-datasets`` on the same tree packed (``imgshards pack data/train packed``, ``imgshards pack data/val
-packed``, the split named by each folder): a DDP spawn of 2 CPU processes over gloo, with
-``DistributedSampler``, to completion, and the same samples trained on and validated.
+then with ``import torchvision.datasets as datasets`` changed to the README's line (``import
+imgshards.loader.torchvision_datasets as datasets``) on the same tree packed (``imgshards pack
+data/train packed``, ``imgshards pack data/val packed``, the split named by each folder): a DDP
+spawn of 2 CPU processes over gloo, with ``DistributedSampler``, to completion, and the same
+samples trained on and validated.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 
 SCRIPT = Path(__file__).with_name("imagenet_main.py")
 TORCHVISION = "import torchvision.datasets as datasets\n"
+OURS = "import imgshards.loader.torchvision_datasets as datasets\n"  # the README's switch (issue 50)
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def free_port() -> int:
@@ -57,7 +60,8 @@ def test_the_imagenet_example_switches_by_its_import(data, tmp_path):
     source = SCRIPT.read_text()
     assert source.count(TORCHVISION) == 1
     ours = tmp_path / "main.py"
-    ours.write_text(source.replace(TORCHVISION, "import imgshards.loader as datasets\n"))
+    assert " ".join(OURS.split()[:4]) in " ".join(README.read_text().split())
+    ours.write_text(source.replace(TORCHVISION, OURS))
     # torchvision's run is the reference of which samples each epoch trains on and validates: its
     # DistributedSampler decides them, whatever the workers, so it runs without (the DDP processes
     # are spawned, and so are their workers: each imports torch, a minute of CI for nothing here).

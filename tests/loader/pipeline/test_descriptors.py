@@ -43,13 +43,14 @@ def many_shards(tree_factory, packed_factory) -> Path:
 
 
 def shard_files(root: Path) -> tuple[int, int]:
-    """This process's open descriptors and mapped regions of files under ``root``."""
+    """This process's open descriptors and mapped regions of shards under ``root`` (not its tables)."""
     fds = 0
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # closed since listed
-            fds += os.readlink(f"/proc/self/fd/{fd}").startswith(str(root))
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            fds += target.startswith(str(root)) and target.endswith(".tar")
     with open("/proc/self/maps") as f:
-        maps = sum(1 for line in f if str(root) in line)
+        maps = sum(1 for line in f if str(root) in line and line.rstrip().endswith(".tar"))
     return fds, maps
 
 

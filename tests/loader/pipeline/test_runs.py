@@ -17,12 +17,10 @@ import pytest
 import torch
 import webdataset as wds
 
-from imgshards.converter import read_manifest
 from imgshards.loader import ShardDataset, make_loader, passes
 from imgshards.loader.epoch.position import PassPosition
 from imgshards.loader.pipeline import runs as read_stage
 from imgshards.loader.pipeline.runs import MappedShard, read_runs
-from imgshards.loader.remote import ShardSource
 
 
 @pytest.fixture
@@ -36,13 +34,10 @@ def map_no_shard(monkeypatch):
 
 
 def runs(root, *, views: bool, told: list[str] | None = None) -> list[list]:
-    split = read_manifest(root).split("train")
     ds = ShardDataset(root)
     segments = list(passes.plan(ds.spec, ds.part, PassPosition(0, (), 0, 0, 1)).segments)
     on_truncated = told.append if told is not None else print
-    out = read_runs(
-        segments, split, ShardSource(root), on_truncated=on_truncated, on_unreadable=None, views=views
-    )
+    out = read_runs(segments, ds.part.reader, on_truncated=on_truncated, on_unreadable=None, views=views)
     return [list(run) for run in out]
 
 

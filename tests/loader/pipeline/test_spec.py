@@ -44,6 +44,7 @@ FIELDS = {
         "manifest": "its index",
         "split": "the split's shards, as its index lists them (its name is the split read)",
         "source": "where its shards are read from, with the remote options",
+        "reader": "how its samples are read: its tables, the index's file its shards are checked against",
         "seed": "the seed of its order (a mix's part i: the seed plus i)",
         "share": "its samples in a batch (one part: the batch size)",
         "relabel": "its labels mapped onto the spec's classes",
