@@ -28,8 +28,9 @@ import webdataset as wds
 
 from imgshards.converter import PackConfig, pack, read_manifest
 from imgshards.converter.format.manifest import INDEX_NAME, Manifest, ShardInfo, SplitInfo
-from imgshards.loader import ShardDataset, passes
+from imgshards.loader import ShardDataset
 from imgshards.loader.epoch.position import PassPosition
+from imgshards.loader.pipeline import passes
 from imgshards.loader.pipeline.runs import batched
 
 LAYOUTS = [(1, 1), (1, 4), (2, 2), (4, 2)]

@@ -14,10 +14,11 @@ dataset = ImageFolder("/data/imagenet-shards/train", transform)  # was ImageFold
 dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256, decode_on="cuda")
 """
 
+from imgshards.converter.format.errors import ImgshardsError, ManifestError
+
 from . import stages
 from .dataloader import ShardLoader, make_loader
 from .dataset import Mode, OnError, ShardDataset
-from .epoch import elastic, partition
 from .errors import (
     ConfigError,
     CorruptImageError,
@@ -42,7 +43,6 @@ from .image.presets import (
 )
 from .imagefolder import ImageFolder
 from .mix import MixedDataset
-from .pipeline import passes
 from .pipeline.collate import IMAGENET_MEAN, IMAGENET_STD, to_device
 from .pipeline.offload import DecodeOn
 from .remote import RetryPolicy, ShardSource
@@ -59,7 +59,9 @@ __all__ = [
     "DecodeOn",
     "ImageFolder",
     "ImageShapeError",
+    "ImgshardsError",
     "LoaderTimeoutError",
+    "ManifestError",
     "MixedDataset",
     "Mode",
     "OnError",
@@ -78,10 +80,7 @@ __all__ = [
     "ShardSource",
     "WorkerError",
     "decode_image",
-    "elastic",
     "make_loader",
-    "partition",
-    "passes",
     "preset",
     "stages",
     "to_device",

@@ -1254,7 +1254,8 @@ def test_imported_modules_reads_every_form():
 import imgshards.loader.epoch.order
 from imgshards.loader.state.cursor import MAX_EPOCH
 from imgshards.loader.pipeline import steps
-from imgshards.loader import ShardLoader, elastic
+from imgshards.loader import ShardLoader
+from imgshards.loader.epoch import elastic
 from .conftest import run
 def f():
     import imgshards.cli.main as main

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from imgshards.loader import ShardDataset, elastic
+from imgshards.loader import ShardDataset
+from imgshards.loader.epoch import elastic
 
 WORKER = Path(__file__).with_name("elastic_worker.py")
 BATCH = 4

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imgshards.loader import partition
+from imgshards.loader.epoch import partition
 
 layouts = st.fixed_dictionaries(
     {

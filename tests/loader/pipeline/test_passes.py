@@ -9,8 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from imgshards.converter import read_manifest
-from imgshards.loader import ShardDataset, elastic, passes
+from imgshards.loader import ShardDataset
+from imgshards.loader.epoch import elastic
 from imgshards.loader.epoch.position import PassPosition
+from imgshards.loader.pipeline import passes
 
 _KEYS: dict[Path, dict[str, tuple[int, int]]] = {}
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 import webdataset as wds
 
-from imgshards.loader import ShardDataset, make_loader, passes
+from imgshards.loader import ShardDataset, make_loader
 from imgshards.loader.epoch.position import PassPosition
+from imgshards.loader.pipeline import passes
 from imgshards.loader.pipeline import runs as read_stage
 from imgshards.loader.pipeline.runs import MappedShard, read_runs
 
