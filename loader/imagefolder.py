@@ -5,11 +5,16 @@ For a script written for ``torchvision.datasets.ImageFolder(root, transform)`` a
 transform (v1 or v2), collate and worker start method keeps working. The constructor is
 torchvision's (``root, transform, target_transform, loader, is_valid_file, allow_empty``), and so are
 ``ds[i]`` (``(transform(PIL RGB image), target_transform(class id))``), ``classes``,
-``class_to_idx``, ``targets`` (a list), ``samples`` and ``imgs`` (``(source path, class id)``),
-``extensions``, ``find_classes`` and the ``repr``. ``root`` is a packed dataset's directory, or
-``<packed directory>/<split>`` as a script joins ``os.path.join(data, "train")``. The samples are
-numbered in the order they are packed (shuffled by ``pack``), not in ImageFolder's sorted order:
-``targets[i]`` is ``ds[i]``'s label.
+``class_to_idx``, ``targets`` (a list), ``samples`` and ``imgs`` (``(path, class id)``, the path
+torchvision gives: the source file's, in the tree ``pack`` read), ``extensions``, ``find_classes``
+and the ``repr``. ``root`` is a packed dataset's directory, or ``<packed directory>/<split>`` as a
+script joins ``os.path.join(data, "train")``. The samples are numbered in the order they are packed
+(shuffled by ``pack``), not in ImageFolder's sorted order: ``targets[i]`` is ``ds[i]``'s label.
+
+torchvision's extension points work as there: a subclass's ``find_classes`` chooses the classes and
+their ids (the samples of the others left out, the rest relabelled), ``ds.samples = ...`` (a subset
+or a reordering of the split's samples, by path) makes the dataset those samples, and
+``self.loader(path)`` in a subclass's ``__getitem__`` reads the sample that ``samples`` names so.
 
 Building it reads only ``index.json`` (no listing) and touches no sample's entry: the split's tables
 (:mod:`imgshards.converter.format.tablefiles`: where each sample starts, its class id, its key's
@@ -37,7 +42,8 @@ from __future__ import annotations
 import io
 import operator
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any, BinaryIO, SupportsIndex, overload
 
@@ -45,7 +51,7 @@ import numpy as np
 from torchvision.datasets import VisionDataset
 from torchvision.datasets import folder as torchvision_folder
 
-from imgshards.converter.format.errors import ManifestError
+from imgshards.converter.format.errors import ManifestError, shown
 from imgshards.converter.format.locate import INDEX_NAME, is_url, local_path
 from imgshards.converter.format.manifest import Manifest, SplitInfo, read_manifest
 from imgshards.converter.format.tablefiles import SplitTables
@@ -64,14 +70,31 @@ __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder", "default_loader"]
 FADVISE_RANDOM = False
 # torchvision's loaders open a path: given one, ImageFolder decodes as its own default does.
 _TORCHVISION_LOADERS = (torchvision_folder.default_loader, torchvision_folder.pil_loader)
+# The paths ``samples[i]`` last gave, to their positions: ``self.loader(path)`` right after it (a
+# subclass's ``__getitem__``) finds its sample without a table of every path.
+_RECENT_PATHS = 256
+# Paths fetched at a time, sorted by position, for a walk over reordered samples (each shard's
+# paths inflated about once a chunk, not once a sample).
+_CHUNK = 1 << 20
 
 
 def default_loader(f: BinaryIO) -> Any:
     """``ImageFolder``'s loader: the image in file object ``f`` as an RGB PIL image, upright.
 
     As :func:`~imgshards.loader.image.decode.pil_image` decodes (pixel bounds checked before any
-    decode), where torchvision's ``default_loader`` opens a path.
+    decode), where torchvision's ``default_loader`` opens a path. A dataset's ``ds.loader`` (this
+    one, bound to the dataset) also takes a path of its ``samples``.
+
+    Raises:
+        TypeError: ``f`` is a path (this function has no dataset to find it in).
+
     """
+    if isinstance(f, (str, os.PathLike)):
+        raise TypeError(
+            f"default_loader reads a file object of an image's bytes, not the path "
+            f"{shown(os.fspath(f), quoted=True)}: a path of an ImageFolder's samples names a sample "
+            "inside a shard; read it with ds.loader(path), or sample i with ds[i]"
+        )
     data = f.read()
     return pil_image(data, _format_of(data))
 
@@ -85,24 +108,35 @@ class ImageFolder(VisionDataset):
 
     Args:
         root: The packed dataset's directory (holding ``index.json``), its ``index.json``, or
-            ``<packed directory>/<split>`` (no such directory: the split of the dataset above it). A
-            local path: a URL fails at once, naming ``ShardDataset``, which streams one.
+            ``<packed directory>/<split>``: the split of the dataset above it where ``<split>`` is
+            no packed dataset itself (a packed dataset at the path wins over a split of its parent:
+            it is the one the path names). So ``ImageFolder("data/train")`` reads split ``train``
+            after ``imgshards pack data/train data``, whether or not the tree ``data/train`` is still
+            there. A local path: a URL fails at once, naming ``ShardDataset``, which streams one.
         transform: Called on each image, a PIL RGB image (any torchvision v1 or v2 transform).
         target_transform: Called on each class id.
         loader: Called with a binary file object of a sample's image bytes (not a path: the image is
             inside a shard); returns the image handed to ``transform``. ``Image.open(f)`` takes it;
             torchvision's ``default_loader`` and ``pil_loader`` (which open a path) are taken as
-            :func:`default_loader`.
-        is_valid_file: Called with each sample's source path (relative to the packed tree, as in
-            ``samples``) as the dataset is built; the samples it refuses are left out.
-        allow_empty: Keep a class that ``is_valid_file`` leaves with no sample, instead of raising.
+            :func:`default_loader`, and ``ds.loader`` is then bound to the dataset: given a path of
+            its ``samples``, it reads that sample's image.
+        is_valid_file: Called with each sample's path (as in ``samples``) as the dataset is built;
+            the samples it refuses are left out.
+        allow_empty: Keep a class left with no sample (by ``is_valid_file``, or a class that
+            ``find_classes`` names and the split lacks) instead of raising.
         split: Which split of the dataset; None: the one ``root`` names, else ``"train"``, else the
             dataset's only split.
         max_open: Most shards each process keeps open.
 
     Attributes:
-        classes: Class names, sorted as ImageFolder sorts them; a class id is a position here.
-        class_to_idx: Class name to class id.
+        classes: Class names, sorted as ImageFolder sorts them (or as a subclass's ``find_classes``
+            gives them).
+        class_to_idx: Class name to class id. Set after the dataset is made, it changes nothing read
+            (as torchvision's: the ids are chosen when the dataset is made).
+        samples: ``(path, class id)`` of each sample; assigning a subset or reordering of them (by
+            path) makes the dataset those samples, with those class ids.
+        imgs, targets: As torchvision's: read from the samples; set, they are kept as set and
+            change nothing read.
         extensions: torchvision's image extensions, or None with ``is_valid_file``, as torchvision's.
         root: The dataset's directory; ``split``: the split read.
         reader: How its samples are read (:class:`~.pipeline.splitreader.SplitReader`, the reader of
@@ -111,8 +145,8 @@ class ImageFolder(VisionDataset):
     Raises:
         DatasetNotFoundError: no packed dataset at ``root``, or no such split (a
             ``FileNotFoundError`` and a ``ManifestError``); the message names the splits there.
-        FileNotFoundError: a class is left with no sample by ``is_valid_file`` (without
-            ``allow_empty``), as torchvision's.
+        FileNotFoundError: a class is left with no sample (without ``allow_empty``), as torchvision's.
+        ValueError: ``find_classes`` gave no class, or an id that is not an integer.
         ManifestError: a bad index, or a missing shard.
         ConfigError: ``root`` is a URL; ``max_open < 1``; the split has no table of sample starts.
 
@@ -145,7 +179,6 @@ class ImageFolder(VisionDataset):
         self.extensions = torchvision_folder.IMG_EXTENSIONS if is_valid_file is None else None
         source = ShardSource(path)  # opens a shard as ShardDataset does: regular, inside the root
         source.check(split_info.shards, self.split)
-        self.classes, self.class_to_idx = list(manifest.classes), manifest.class_to_idx
         # The one reader of every dataset: the split's tables (mapped, never copied: nothing here
         # touches a sample's entries), its shards opened as the index read describes them.
         self.reader = SplitReader(
@@ -157,12 +190,23 @@ class ImageFolder(VisionDataset):
             fadvise_random=FADVISE_RANDOM,
         )
         self.reader.require_starts()
-        self._kept: np.ndarray | None = None  # positions in the split of the samples is_valid_file kept
+        self._tree = _tree_of(split_info)  # where the samples' paths are: the tree pack read, if here
+        # Which samples, and their class ids: None where they are the split's, as its tables say.
+        self._kept: np.ndarray | None = None  # the dataset's samples: their positions in the split
+        self._class_ids: np.ndarray | None = None  # an index class id -> this dataset's (find_classes)
+        self._assigned: np.ndarray | None = None  # each sample's class id, as ``samples`` was set
+        self._targets_set: list[Any] | None = None  # ``targets`` and ``imgs`` as set: kept, never read
+        self._imgs_set: Sequence[Any] | None = None
+        # Built when first used in a process, never pickled.
         self._targets: list[int] | None = None
         self._samples: _Samples | None = None
         self._read_back: tuple[np.ndarray, list[str]] | None = None  # an index without the tables
-        if is_valid_file is not None:
-            self._kept = self._valid(is_valid_file, allow_empty)
+        self._by_path: dict[str, int] | None = None
+        self._recent: OrderedDict[str, int] = OrderedDict()
+        # As torchvision's DatasetFolder: the classes from find_classes (a subclass's, if it has
+        # one), then the samples of those classes that is_valid_file keeps.
+        self.classes, self.class_to_idx = self.find_classes(self.root)
+        self._make_dataset(self.class_to_idx, is_valid_file, allow_empty)
 
     @property
     def max_open(self) -> int:
@@ -172,7 +216,7 @@ class ImageFolder(VisionDataset):
     # ---- what torchvision's ImageFolder has -----------------------------------------------------
 
     def __len__(self) -> int:
-        """The number of samples (those ``is_valid_file`` kept)."""
+        """The number of samples (those ``is_valid_file`` and ``find_classes`` kept, or as set)."""
         return self.reader.tables.samples if self._kept is None else len(self._kept)
 
     def __getitem__(self, index: SupportsIndex) -> tuple[Any, Any]:
@@ -186,15 +230,17 @@ class ImageFolder(VisionDataset):
                 or the dataset was re-packed since this one was made.
 
         """
-        i = self._position(index)
+        k = self._index(index)
+        i = k if self._kept is None else int(self._kept[k])
         parts, ext, target = self.reader.sample(i)
+        if self._assigned is not None:
+            target = int(self._assigned[k])
+        elif self._class_ids is not None:
+            target = int(self._class_ids[target])
         img: Any
-        loader = self.loader
+        loader = self._loader
         if loader is default_loader or loader in _TORCHVISION_LOADERS:
-            try:
-                img = pil_image(parts[ext], ext)
-            except ValueError as e:
-                raise self.reader.damaged(i, parts, f"has an image that does not decode ({e})") from None
+            img = self._image(i, parts, ext)
         else:
             img = self._load(loader, parts[ext])
         if self.transform is not None:
@@ -203,47 +249,119 @@ class ImageFolder(VisionDataset):
         return img, out
 
     @property
+    def loader(self) -> Callable[[Any], Any]:
+        """The loader: the one given, or (the default) :func:`default_loader` bound to this dataset.
+
+        The bound default also takes a path of ``samples`` (``self.loader(path)``, as a subclass's
+        ``__getitem__`` calls torchvision's), and reads that sample's image from its shard.
+        """
+        loader = self._loader
+        if loader is default_loader or loader in _TORCHVISION_LOADERS:
+            return _SampleLoader(self)
+        return loader
+
+    @loader.setter
+    def loader(self, value: Callable[[Any], Any]) -> None:
+        self._loader = default_loader if isinstance(value, _SampleLoader) else value
+
+    @property
     def targets(self) -> list[int]:
         """The class id of every sample, in the dataset's order: a list, as torchvision's ``targets``.
 
         From the split's table of labels (no shard opened), built on first use and kept; a process
         that never reads it (a DataLoader worker) never builds it. An index without the table
-        (written before it) has each sample's label read from the shards instead, once.
+        (written before it) has each sample's label read from the shards instead, once. Set, it is
+        kept as set and read by nothing else, as torchvision's attribute (``ds[i]``'s class id is
+        ``samples[i]``'s).
         """
+        if self._targets_set is not None:
+            return self._targets_set
         if self._targets is None:
-            ints = list(range(len(self.classes)))  # one int object per class id, shared by the list
-            self._targets = list(map(ints.__getitem__, self._label_array().tolist()))
+            self._targets = _int_list(self._target_array())
         return self._targets
 
     @targets.setter
-    def targets(self, value: list[int]) -> None:  # as torchvision's attribute: set, never read back
-        self._targets = value
+    def targets(self, value: list[Any]) -> None:
+        self._targets_set = value
 
     @property
     def samples(self) -> Sequence[tuple[str, int]]:
-        """``(source path, class id)`` of every sample, in the dataset's order, as torchvision's ``samples``.
+        """``(path, class id)`` of every sample, in the dataset's order, as torchvision's ``samples``.
 
-        The source path is relative to the tree that was packed (``cat/0001.jpg``; for another tool's
-        shards, the image member's name), not a file on this machine. A sequence built on first use
+        The path is the file's in the tree that was packed (``/data/photos/train/cat/0001.jpg``, the
+        tree as ``pack`` resolved it), as torchvision's ImageFolder of that tree gives it; where that
+        tree is not a directory on this machine (deleted, or packed elsewhere), and for shards that
+        ``imgshards index`` indexed, the path relative to the tree (``cat/0001.jpg``; for another
+        tool's shards, the image member's name). Either way a name from the index, never opened
+        here: ``ds.loader(path)`` reads the sample from its shard. A sequence built on first use
         from the split's tables (no shard opened): each item is made when it is read, so a million
         samples cost their paths' bytes, not a million tuples.
+
+        Set to ``(path, class id)`` pairs of this split's samples (a subset, a reordering, other
+        class ids), it makes the dataset those samples, as torchvision's: ``len``, ``ds[i]``,
+        ``targets`` and ``imgs`` follow (those last two unless set themselves).
+
+        Raises (when set):
+            ValueError: a pair that is not one, or whose path is no sample of the split (named).
+
         """
         if self._samples is None:
-            self._samples = _Samples(self._source_paths(), self._label_array(every=True), self._kept)
+            self._samples = _Samples(self._source_paths(), self._target_array(), self._kept, self._recent)
         return self._samples
 
+    @samples.setter
+    def samples(self, value: Iterable[tuple[str, int]]) -> None:
+        if value is self._samples:
+            return
+        items = value if isinstance(value, Sized) else list(value)
+        positions = np.empty(len(items), dtype=np.int64)
+        ids = np.empty(len(items), dtype=np.int64)
+        for k, item in enumerate(items):
+            try:
+                path, target = item
+                ids[k] = operator.index(target)
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError(
+                    f"samples are (path, class id) pairs, as ImageFolder's; item {k} is {shown(repr(item))}"
+                ) from None
+            positions[k] = self._position_of(path, ValueError, f"item {k} of the samples set")
+        total = self.reader.tables.samples
+        whole = len(positions) == total and np.array_equal(positions, np.arange(total))
+        self._kept = None if whole else positions
+        labels = self._table_labels()[positions]
+        natural = labels if self._class_ids is None else self._class_ids[labels]
+        self._assigned = None if np.array_equal(ids, natural) else ids
+        self._samples = self._targets = None
+
     @property
-    def imgs(self) -> Sequence[tuple[str, int]]:
-        """The same as :attr:`samples`, as torchvision's ``imgs``."""
-        return self.samples
+    def imgs(self) -> Sequence[Any]:
+        """As :attr:`samples`, as torchvision's ``imgs``; set, it is kept as set and read by nothing else."""
+        return self.samples if self._imgs_set is None else self._imgs_set
+
+    @imgs.setter
+    def imgs(self, value: Sequence[Any]) -> None:
+        self._imgs_set = value
 
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
-        """The classes of the packed dataset at ``directory`` and their ids, from its index.
+        """The class names and ids at ``directory``: a packed dataset's, from its index; a tree's folders.
+
+        The dataset's own root (what ``__init__`` asks for, as torchvision's) answers from the index
+        already read. A directory holding no ``index.json`` is taken as an ImageFolder tree and its
+        class folders listed, as torchvision's ``find_classes`` lists them. A subclass may override
+        it to keep some classes or number them otherwise: the dataset then holds the samples of the
+        classes it names, each with its id there.
 
         Raises:
             DatasetNotFoundError: no packed dataset there (a ``FileNotFoundError``).
+            FileNotFoundError: a directory without an index and without a class folder.
 
         """
+        reader = self.__dict__.get("reader")
+        if reader is not None and os.fspath(directory) == self.root:
+            return list(reader.classes), dict(reader.class_to_idx)
+        path = local_path(directory)
+        if path.is_dir() and not os.path.lexists(path / INDEX_NAME):
+            return torchvision_folder.find_classes(path)
         manifest = _locate(directory, None)[1]
         return list(manifest.classes), manifest.class_to_idx
 
@@ -254,7 +372,8 @@ class ImageFolder(VisionDataset):
     # ---- pickling into spawn workers: no open file, no list crosses -------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_targets": None, "_samples": None, "_read_back": None}
+        dropped = {"_targets": None, "_samples": None, "_read_back": None, "_by_path": None}
+        return {**self.__dict__, **dropped, "_recent": OrderedDict()}
 
     def close(self) -> None:
         """Close the shards this process holds open (reading again opens them again)."""
@@ -262,21 +381,117 @@ class ImageFolder(VisionDataset):
         if reader is not None:
             reader.close()
 
+    # ---- which samples, with which class ids ------------------------------------------------------
+
+    def _make_dataset(
+        self,
+        class_to_idx: Mapping[str, int],
+        is_valid_file: Callable[[str], bool] | None,
+        allow_empty: bool,
+    ) -> None:
+        """Keep the samples of the classes ``class_to_idx`` names that ``is_valid_file`` takes.
+
+        The index's classes and ids (the default ``find_classes``) without ``is_valid_file`` touch
+        no table entry. Other classes or ids: a numpy pass over the table of labels, the samples of
+        the classes left out dropped and the others' ids mapped, as torchvision's ``make_dataset``
+        gives them. A class with no sample then raises as torchvision's (``allow_empty`` keeps it).
+        """
+        index_ids = self.reader.class_to_idx
+        custom = dict(class_to_idx) != index_ids
+        if custom:
+            if not class_to_idx:
+                raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
+            ids = np.zeros(len(index_ids), dtype=np.int64)
+            named = np.zeros(len(index_ids), dtype=bool)
+            for name, value in class_to_idx.items():
+                try:
+                    class_id = operator.index(value)
+                except TypeError:
+                    raise ValueError(
+                        f"find_classes gave class {shown(str(name), quoted=True)} the id "
+                        f"{shown(repr(value))}: a class id is an integer"
+                    ) from None
+                j = index_ids.get(name)
+                if j is not None:
+                    ids[j], named[j] = class_id, True
+            if not np.array_equal(ids, np.arange(len(ids))):
+                self._class_ids = ids
+            if not named.all():
+                self._kept = np.flatnonzero(named[self._table_labels()])
+        if is_valid_file is not None:
+            self._kept = self._valid(is_valid_file, self._kept)
+        if (custom or is_valid_file is not None) and not allow_empty:
+            labels = self._table_labels()
+            counts = np.bincount(
+                labels if self._kept is None else labels[self._kept], minlength=len(index_ids)
+            )
+            empty = [name for name in class_to_idx if name not in index_ids or not counts[index_ids[name]]]
+            if empty:
+                msg = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+                if self.extensions is not None:
+                    msg += f"Supported extensions are: {', '.join(self.extensions)}"
+                raise FileNotFoundError(msg)
+
+    def _valid(self, is_valid_file: Callable[[str], bool], among: np.ndarray | None) -> np.ndarray:
+        """The positions (of ``among``, or of the split) of the samples ``is_valid_file`` keeps."""
+        paths = self._source_paths()
+        if among is None:
+            return np.fromiter((i for i, path in enumerate(paths) if is_valid_file(path)), np.int64)
+        return among[np.fromiter(map(is_valid_file, paths.at(among)), bool, count=len(among))]
+
+    def _position_of(self, path: object, error: type[Exception], what: str) -> int:
+        """The position in the split of the sample whose ``samples`` path is ``path``; else ``error``.
+
+        The paths ``samples[i]`` last gave are looked up first; then a table of every path to its
+        position, built once a process when first needed (O(samples), never pickled).
+        """
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+        i = None if text is None else self._recent.get(text)
+        if i is not None:
+            return i
+        if self._by_path is None:
+            by_path: dict[str, int] = {}
+            for i, name in enumerate(self._source_paths()):
+                if by_path.setdefault(name, i) != i:
+                    by_path[name] = -1  # a path several samples have: it names none of them
+            self._by_path = by_path
+        i = None if text is None else self._by_path.get(text)
+        if i is None:
+            raise error(
+                f"{what}, {shown(repr(path))}, is not the path of a sample of split {self.split!r} at "
+                f"{self.root} (a path as ImageFolder's samples give it): read sample i with ds[i]"
+            )
+        if i < 0:
+            raise error(
+                f"{what}, {shown(text or '', quoted=True)}, is the path of several samples of split "
+                f"{self.split!r} at {self.root} (shards another tool wrote): it names none; read sample i "
+                "with ds[i]"
+            )
+        return i
+
     # ---- the tables --------------------------------------------------------------------------------
 
-    def _label_array(self, *, every: bool = False) -> np.ndarray:
-        """Every kept sample's class id (``every``: every sample's), from the table or the shards."""
+    def _table_labels(self) -> np.ndarray:
+        """Every sample of the split's index class id, by position: the table (no copy), or the shards'."""
         labels = self.reader.tables.all_labels()  # the map itself, checked: no copy
-        if labels is None:
-            labels = self._from_shards()[0]
-        return labels if self._kept is None or every else labels[self._kept]
+        return self._from_shards()[0] if labels is None else labels
+
+    def _target_array(self) -> np.ndarray:
+        """Each of the dataset's samples' class id, in its order (the table itself where it is all)."""
+        if self._assigned is not None:
+            return self._assigned
+        labels = self._table_labels()
+        if self._kept is not None:
+            labels = labels[self._kept]
+        return labels if self._class_ids is None else self._class_ids[labels]
 
     def _source_paths(self) -> _Sources:
-        """Every sample's source path, by position: the split's table, or (an older index) the shards'."""
+        """Every sample's path, by position: the split's table, or (an older index) the shards'."""
         tables = self.reader.tables
+        prefix = "" if self._tree is None else self._tree + os.sep
         if tables.has("sources"):
-            return _Sources(tables)
-        return _Sources(tables, paths=self._from_shards()[1])
+            return _Sources(tables, prefix)
+        return _Sources(tables, prefix, paths=self._from_shards()[1])
 
     def _from_shards(self) -> tuple[np.ndarray, list[str]]:
         """Every sample's class id and source path, read from the shards once (an index without tables)."""
@@ -284,33 +499,28 @@ class ImageFolder(VisionDataset):
             self._read_back = self.reader.labels_and_sources()
         return self._read_back
 
-    def _valid(self, is_valid_file: Callable[[str], bool], allow_empty: bool) -> np.ndarray:
-        """Positions of the samples ``is_valid_file`` keeps; a class left empty raises, as in torchvision."""
-        paths = self._source_paths()
-        kept = np.fromiter((i for i, path in enumerate(paths) if is_valid_file(path)), np.int64)
-        labels = self._label_array()
-        if not allow_empty:
-            present = np.bincount(labels[kept], minlength=len(self.classes)) > 0
-            empty = [name for name, there in zip(self.classes, present, strict=True) if not there]
-            if empty:
-                raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty))}. ")
-        return kept
-
     # ---- reading one sample -----------------------------------------------------------------------
 
-    def _position(self, index: SupportsIndex) -> int:
-        """The sample's position in the split."""
+    def _index(self, index: SupportsIndex) -> int:
+        """The sample's index in the dataset, checked (negative ones from the end)."""
         i = operator.index(index)
         n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {operator.index(index)} of a split of {n}")
-        return i if self._kept is None else int(self._kept[i])
+        return i
 
     def _read(self, i: int) -> tuple[dict[str, bytes], str, int]:
         """Sample ``i``'s members, its image's extension and its class id (``bench/imagefolder.py reads``)."""
         return self.reader.sample(i)
+
+    def _image(self, i: int, parts: dict[str, bytes], ext: str) -> Any:
+        """Sample ``i``'s image, decoded as :func:`default_loader` decodes; a damaged one raises."""
+        try:
+            return pil_image(parts[ext], ext)
+        except ValueError as e:
+            raise self.reader.damaged(i, parts, f"has an image that does not decode ({e})") from None
 
     def _load(self, loader: Callable[[BinaryIO], Any], data: bytes) -> Any:
         """The user's loader on the image's bytes; a loader that opens a path is told what it gets."""
@@ -326,31 +536,73 @@ class ImageFolder(VisionDataset):
             ) from None
 
 
+class _SampleLoader:
+    """:func:`default_loader` bound to a dataset: the image of a file object, or of a path of its samples.
+
+    What ``ds.loader`` is by default: ``self.loader(path)`` with ``path`` from ``self.samples`` (a
+    subclass's ``__getitem__``, as torchvision's ``DatasetFolder`` reads) reads that sample from its
+    shard, decoded as ``ds[i]`` decodes it. Nothing is opened by its path.
+    """
+
+    def __init__(self, dataset: ImageFolder) -> None:
+        self.dataset = dataset
+
+    def __call__(self, f: BinaryIO | str | os.PathLike[str]) -> Any:
+        if not isinstance(f, (str, os.PathLike)):
+            return default_loader(f)
+        ds = self.dataset
+        i = ds._position_of(f, FileNotFoundError, "ImageFolder's loader was given a path")
+        parts, ext, _ = ds.reader.sample(i)
+        return ds._image(i, parts, ext)
+
+    def __repr__(self) -> str:
+        return f"<imgshards default_loader of {self.dataset.root}, split {self.dataset.split!r}>"
+
+
 class _Sources:
-    """Each sample's source path by its position in the split, from the split's table a shard at a time.
+    """Each sample's path by its position in the split, from the split's table a shard at a time.
 
     The table is read (inflated) a shard at a time, its last shards kept (:class:`SplitTables`), so
     a walk in order inflates each shard once. An index without the table gives the paths read from
-    the shards, as a list.
+    the shards, as a list. Each path is ``prefix`` (the tree's directory, or nothing) and the path
+    recorded, joined as it is read.
     """
 
-    def __init__(self, tables: SplitTables, *, paths: list[str] | None = None) -> None:
-        self._tables, self._paths = tables, paths
+    def __init__(self, tables: SplitTables, prefix: str, *, paths: list[str] | None = None) -> None:
+        self._tables, self._prefix, self._paths = tables, prefix, paths
 
     def __len__(self) -> int:
         return self._tables.samples
 
     def path(self, i: int) -> str:
-        """Sample ``i``'s source path."""
+        """Sample ``i``'s path."""
         if self._paths is not None:
-            return self._paths[i]
+            return self._prefix + self._paths[i]
         s = self._tables.shard_of(i)
-        return self._of(s)[i - int(self._tables.first[s])]
+        return self._prefix + self._of(s)[i - int(self._tables.first[s])]
+
+    def at(self, positions: np.ndarray) -> Iterator[str]:
+        """The paths of the samples at ``positions``, in that order: read by position, a chunk at a time."""
+        increasing = len(positions) < 2 or bool(np.all(positions[1:] >= positions[:-1]))
+        if increasing:  # each shard inflated once
+            return (self.path(i) for i in positions.tolist())
+        return (
+            path for c in range(0, len(positions), _CHUNK) for path in self._chunk(positions[c : c + _CHUNK])
+        )
+
+    def _chunk(self, positions: np.ndarray) -> list[str]:
+        order = np.argsort(positions, kind="stable").tolist()
+        got = positions.tolist()
+        out = [""] * len(got)
+        for k in order:
+            out[k] = self.path(got[k])
+        return out
 
     def __iter__(self) -> Iterator[str]:
+        prefix = self._prefix
         if self._paths is not None:
-            return iter(self._paths)
-        return (path for s in range(len(self._tables.first) - 1) for path in self._of(s))
+            return (prefix + path for path in self._paths)
+        return (prefix + path for s in range(len(self._tables.first) - 1) for path in self._of(s))
 
     def _of(self, s: int) -> list[str]:
         paths = self._tables.sources(s)
@@ -359,13 +611,20 @@ class _Sources:
 
 
 class _Samples(Sequence[tuple[str, int]]):
-    """``(source path, class id)`` pairs, each made as it is read: torchvision's ``samples``, no tuples."""
+    """``(path, class id)`` pairs, each made as it is read: torchvision's ``samples``, no tuples.
 
-    def __init__(self, sources: _Sources, labels: np.ndarray, kept: np.ndarray | None) -> None:
-        self._sources, self._labels, self._kept = sources, labels, kept
+    ``targets`` holds each of the dataset's samples' class id, in its order; ``kept`` their
+    positions in the split (None: all of them). Each path ``[k]`` gives is noted in ``recent`` (the
+    dataset's), for a ``loader(path)`` that follows it.
+    """
+
+    def __init__(
+        self, sources: _Sources, targets: np.ndarray, kept: np.ndarray | None, recent: OrderedDict[str, int]
+    ) -> None:
+        self._sources, self._targets, self._kept, self._recent = sources, targets, kept, recent
 
     def __len__(self) -> int:
-        return len(self._labels) if self._kept is None else len(self._kept)
+        return len(self._targets)
 
     @overload
     def __getitem__(self, index: int) -> tuple[str, int]: ...
@@ -373,19 +632,26 @@ class _Samples(Sequence[tuple[str, int]]):
     def __getitem__(self, index: slice) -> list[tuple[str, int]]: ...
     def __getitem__(self, index: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
         if isinstance(index, slice):
-            return [self[k] for k in range(*index.indices(len(self)))]
+            ks = np.arange(*index.indices(len(self)), dtype=np.int64)
+            positions = ks if self._kept is None else self._kept[ks]
+            return list(zip(self._sources.at(positions), self._targets[ks].tolist(), strict=True))
         k = operator.index(index)
         if k < 0:
             k += len(self)
         if not 0 <= k < len(self):
             raise IndexError(f"sample {index} of {len(self)}")
         i = k if self._kept is None else int(self._kept[k])
-        return self._sources.path(i), int(self._labels[i])
+        path = self._sources.path(i)
+        recent = self._recent
+        recent[path] = i
+        if len(recent) > _RECENT_PATHS:
+            recent.popitem(last=False)
+        return path, int(self._targets[k])
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
         if self._kept is None:
-            return zip(self._sources, self._labels.tolist(), strict=True)
-        return (self[k] for k in range(len(self)))  # kept positions increase: each shard inflated once
+            return zip(self._sources, self._targets.tolist(), strict=True)
+        return zip(self._sources.at(self._kept), self._targets.tolist(), strict=True)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, (list, tuple, _Samples)) and list(self) == list(other)
@@ -397,23 +663,50 @@ class _Samples(Sequence[tuple[str, int]]):
         return f"[{head}{', ...' if len(self) > 3 else ''}]  # {len(self):,} samples"
 
 
+def _int_list(ids: np.ndarray) -> list[int]:
+    """``ids`` as a list of ints, one int object per distinct small id (8 bytes a sample, not 36)."""
+    if len(ids) and int(ids.min()) >= 0 and int(ids.max()) < 1 << 16:
+        ints = list(range(int(ids.max()) + 1))
+        return list(map(ints.__getitem__, ids.tolist()))
+    return [int(x) for x in ids.tolist()]
+
+
+def _tree_of(split: SplitInfo) -> str | None:
+    """The tree ``pack`` read the split from (its ``pack.source``), if it is a directory here; else None.
+
+    The samples' paths are files of it, as torchvision's ImageFolder of it names them. Untrusted text:
+    only an absolute path of printable characters is taken. None for shards ``imgshards index``
+    indexed (no tree), or a tree gone or elsewhere: the paths stay relative to it.
+    """
+    source = split.pack_args.get("source")
+    if not isinstance(source, str) or not source.isprintable() or not os.path.isabs(source):
+        return None
+    tree = source.rstrip(os.sep)
+    return tree if tree and os.path.isdir(tree) else None
+
+
 def _locate(
     root: str | os.PathLike[str], split: str | None
 ) -> tuple[Path, Manifest, SplitInfo, IndexStamp | None]:
     """The packed dataset's directory, its index, the split that ``root`` (and ``split``) name, the stamp.
 
-    ``root`` is the dataset's directory or index, or ``<dataset>/<split>`` where no such directory
-    is (a script's ``os.path.join(data, "train")``). The stamp is the index's file, taken before it
-    is read (:class:`~.pipeline.splitreader.IndexStamp`).
+    ``root`` is the dataset's directory or index, or ``<dataset>/<split>`` (a script's
+    ``os.path.join(data, "train")``) where ``<dataset>/<split>`` holds no index: no such directory,
+    or a directory (the tree packed into ``<dataset>``, say) while ``<dataset>`` has that split. A
+    dataset at the path itself wins: that is what the path names. The stamp is the index's file,
+    taken before it is read (:class:`~.pipeline.splitreader.IndexStamp`).
     """
     path = local_path(root)
     if path.name == INDEX_NAME and path.is_file():
         path = path.parent
     named: str | None = None
-    if not os.path.lexists(path / INDEX_NAME) and not os.path.lexists(path):
-        parent = path.parent
-        if os.path.lexists(parent / INDEX_NAME):
-            path, named = parent, path.name
+    parent = path.parent
+    if (
+        not os.path.lexists(path / INDEX_NAME)
+        and os.path.lexists(parent / INDEX_NAME)
+        and (not os.path.lexists(path) or _has_split(parent, path.name))
+    ):
+        path, named = parent, path.name
     stamp = IndexStamp.of(path)
     try:
         manifest = read_manifest(path)  # untrusted: every name, count and size checked
@@ -424,7 +717,10 @@ def _locate(
     splits = sorted(manifest.splits)
     if named is not None and split is not None and split != named:
         raise ConfigError(f"{root} names split {named!r}, and split={split!r} another: give one")
-    wanted = split or named or ("train" if "train" in splits or len(splits) != 1 else splits[0])
+    if split is not None:  # "" too: no split has that name (as `--split ""`)
+        wanted = split
+    else:
+        wanted = named or ("train" if "train" in splits or len(splits) != 1 else splits[0])
     if wanted not in manifest.splits:
         where = f"{path} (the dataset above {root})" if named else str(path)
         raise DatasetNotFoundError(
@@ -432,6 +728,14 @@ def _locate(
             f"ImageFolder('{path}/<split>') or ImageFolder('{path}', split=...) with one of them"
         )
     return path, manifest, manifest.split(wanted), stamp
+
+
+def _has_split(dataset: Path, name: str) -> bool:
+    """Whether the packed dataset at ``dataset`` reads (its index checked) and has a split ``name``."""
+    try:
+        return name in read_manifest(dataset).splits
+    except ManifestError:
+        return False
 
 
 def _format_of(data: bytes) -> str:

@@ -232,7 +232,7 @@ class SplitTables:
                 # Compared entry by entry: np.diff of unsigned entries wraps (5 - 7 is 2**32 - 2).
                 int(blocks[-1]) >= shard.bytes // BLOCK or bool((blocks[1:] <= blocks[:-1]).any())
             ):
-                raise self._bad("starts", f"shard {shard.name}'s starts are not increasing inside the shard")
+                raise self.bad("starts", f"shard {shard.name}'s starts are not increasing inside the shard")
             self._checked["starts"][s] = 1
         return blocks.astype(np.int64) * BLOCK
 
@@ -255,7 +255,7 @@ class SplitTables:
         ids = self._entries("labels", s)
         if not self._seen("labels", s):
             if len(ids) and int(ids.max()) >= self.num_classes:
-                raise self._bad(
+                raise self.bad(
                     "labels",
                     f"a class id of shard {self.split.shards[s].name} is not below "
                     f"the index's {self.num_classes} classes",
@@ -277,7 +277,7 @@ class SplitTables:
             return np.concatenate(parts) if parts else np.empty(0, ENTRY)
         if not all(self._checked_all("labels")):
             if len(column) and int(column.max()) >= self.num_classes:
-                raise self._bad("labels", f"a class id is not below the index's {self.num_classes} classes")
+                raise self.bad("labels", f"a class id is not below the index's {self.num_classes} classes")
             self._checked["labels"][:] = b"\1" * len(self.split.shards)
         return column
 
@@ -297,9 +297,7 @@ class SplitTables:
             else:
                 paths = decode_sources(shard.table("sources") or "", shard.samples)
         except ValueError as e:
-            raise self._bad(
-                "sources", f"shard {shard.name}'s paths are not what they must be ({e})"
-            ) from None
+            raise self.bad("sources", f"shard {shard.name}'s paths are not what they must be ({e})") from None
         return self._keep("sources", s, paths)
 
     def close(self) -> None:
@@ -320,7 +318,7 @@ class SplitTables:
         if self.split.tables:  # a URL: the shard's range of the file
             data = self._bytes(table, lo * ENTRY.itemsize, hi * ENTRY.itemsize)
             if len(data) != (hi - lo) * ENTRY.itemsize:
-                raise self._bad(
+                raise self.bad(
                     table,
                     f"{len(data)} bytes where shard {self.split.shards[s].name} has "
                     f"{hi - lo} entries of {ENTRY.itemsize}",
@@ -329,7 +327,7 @@ class SplitTables:
         else:  # format 1: base64 in the index (its size was checked by read_manifest)
             text = self.split.shards[s].table(_V1_NAME[table])
             if text is None:
-                raise self._bad(table, f"shard {self.split.shards[s].name} has no such table")
+                raise self.bad(table, f"shard {self.split.shards[s].name} has no such table")
             entries = np.frombuffer(decode_table(text), dtype=np.uint32).astype(ENTRY, copy=False)
         return self._keep(table, s, entries)
 
@@ -357,7 +355,7 @@ class SplitTables:
             with open_regular(path, inside=self.root) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != entry.bytes:
-                    raise self._bad(table, f"{path} is {size:,} bytes where the index says {entry.bytes:,}")
+                    raise self.bad(table, f"{path} is {size:,} bytes where the index says {entry.bytes:,}")
                 return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
         except FileNotFoundError:
             raise ManifestError(
@@ -374,7 +372,7 @@ class SplitTables:
         """Bytes ``[lo, hi)`` of table ``table``'s file (format 2): mapped, or fetched from the URL."""
         entry = self.split.tables[table]
         if not 0 <= lo <= hi <= entry.bytes:
-            raise self._bad(table, f"bytes {lo}..{hi} of a file of {entry.bytes}")
+            raise self.bad(table, f"bytes {lo}..{hi} of a file of {entry.bytes}")
         if lo == hi:
             return b""
         if self.root is not None:
@@ -412,7 +410,8 @@ class SplitTables:
             checked = self._checked[table] = bytearray(len(self.split.shards))
         return checked
 
-    def _bad(self, table: str, what: str) -> ManifestError:
+    def bad(self, table: str, what: str) -> ManifestError:
+        """The error for table ``table`` found not to be what its index says (``what``)."""
         entry = self.split.tables.get(table) if self.split.tables else None
         name = entry.name if entry is not None else f"the {_V1_NAME[table]} tables in its index.json"
         return ManifestError(

@@ -45,7 +45,7 @@ from imgshards.converter.format.labels import label_value
 from imgshards.converter.format.locate import INDEX_NAME, redact_url
 from imgshards.converter.format.manifest import IMAGE_EXTENSIONS, SplitInfo, read_manifest
 from imgshards.converter.format.tablefiles import SplitTables, TableFile
-from imgshards.converter.format.tables import key_digest
+from imgshards.converter.format.tables import BLOCK, key_digest
 from imgshards.converter.format.tarsamples import SampleReader, checked_samples, sample_problem, shown
 from imgshards.converter.format.tarstream import TarStream
 
@@ -97,7 +97,7 @@ class _Held(NamedTuple):
 
     file: BinaryIO
     size: int  # as fstat says
-    starts: np.ndarray  # int64 bytes
+    starts: np.ndarray  # in blocks, as stored
     keys: np.ndarray | None
     labels: np.ndarray | None
 
@@ -302,9 +302,17 @@ class SplitReader:
         shard = self.split.shards[s]
         held = self._hold(s)
         j = i - int(self.tables.first[s])
-        start = int(held.starts[j])
+        start = int(held.starts[j]) * BLOCK
         # To the next sample's first header, or the shard's end (its end-of-archive blocks too).
-        stop = int(held.starts[j + 1]) if j + 1 < len(held.starts) else shard.bytes
+        stop = int(held.starts[j + 1]) * BLOCK if j + 1 < len(held.starts) else shard.bytes
+        if not start < stop <= shard.bytes:
+            raise self.tables.bad(
+                "starts", f"sample {i}'s start is not below the next one's, inside its shard"
+            )
+        if held.labels is not None and held.labels[j] >= len(self.classes):
+            raise self.tables.bad(
+                "labels", f"sample {i}'s class id is not below the index's {len(self.classes)}"
+            )
         try:  # no more than the file holds: the index's sizes are untrusted (pread allocates them first)
             data = os.pread(held.file.fileno(), max(0, min(stop, held.size) - start), start)
         except OSError as e:
@@ -367,7 +375,12 @@ class SplitReader:
         self.require_starts()
         f = self.open(s)  # first: a dataset re-packed since is refused as such, whatever its tables
         try:
-            starts, keys, labels = self.tables.starts(s), self.tables.keys(s), self.tables.labels(s)
+            # Views of the maps, unchecked: a read checks the two starts it uses and what it finds
+            # there (one sample, its key, its label), so opening a shard costs no pass over its entries.
+            tables = self.tables
+            starts = tables.entries("starts", s)
+            keys = tables.entries("keys", s) if tables.has("keys") else None
+            labels = tables.entries("labels", s) if tables.has("labels") else None
         except BaseException:
             f.close()
             raise

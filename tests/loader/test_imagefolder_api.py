@@ -29,11 +29,6 @@ from imgshards.converter.format.manifest import INDEX_NAME, read_manifest
 from imgshards.loader import ConfigError, CorruptImageError, DatasetNotFoundError, ImageFolder
 
 
-def relative(samples, root: Path) -> collections.Counter[tuple[str, int]]:
-    """torchvision's ``(path, class id)`` with each path relative to the tree, as imgshards gives it."""
-    return collections.Counter((os.path.relpath(path, root), label) for path, label in samples)
-
-
 @pytest.fixture(scope="module")
 def split_root(tiny_tree, tmp_path_factory) -> Path:
     """``data/train`` and ``data/val`` packed into one directory, each split by its folder's name."""
@@ -58,7 +53,7 @@ def test_every_attribute_is_torchvisions(tiny_tree, tiny_packed):
     assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
     assert ours.extensions == theirs.extensions
     assert type(ours.targets) is list and sorted(ours.targets) == sorted(theirs.targets)
-    assert relative(ours.samples, Path()) == relative(theirs.samples, tiny_tree)
+    assert collections.Counter(ours.samples) == collections.Counter(theirs.samples)  # the files' paths
     assert ours.imgs == ours.samples and list(ours.imgs) == list(ours.samples)
     assert [label for _, label in ours.samples] == ours.targets
     assert ours.find_classes(tiny_packed) == theirs.find_classes(str(tiny_tree))
@@ -95,7 +90,7 @@ def test_each_argument_by_position_or_keyword_does_what_torchvisions_does(tiny_t
     ours = build(ImageFolder, tiny_packed, loader=grey, is_valid_file=keep, **args)
     assert len(ours) == len(theirs) < 40
     assert ours.extensions is theirs.extensions is None  # as torchvision's, with is_valid_file
-    assert relative(ours.samples, Path()) == relative(theirs.samples, tiny_tree)
+    assert collections.Counter(ours.samples) == collections.Counter(theirs.samples)
     assert sorted(ours.targets) == sorted(theirs.targets)
     assert collections.Counter(ours[i] for i in range(len(ours))) == collections.Counter(
         theirs[i] for i in range(len(theirs))
@@ -200,9 +195,9 @@ print(len(opened))
 
 
 def test_targets_and_samples_open_no_shard(tiny_packed):
-    code = "print(len(ds.targets), len(ds.samples), ds.samples[0][0].count('/'), ds.targets.count(0))"
+    code = "print(len(ds.targets), len(ds.samples), ds.samples[0][0].count('/') > 1, ds.targets.count(0))"
     opened, out = shard_opens(code, tiny_packed)
-    assert (opened, out) == (0, "40 40 1 10")
+    assert (opened, out) == (0, "40 40 True 10")
     opened, _ = shard_opens("ds[0]", tiny_packed)
     assert opened == 1  # the audit hook sees a read
 
