@@ -373,10 +373,10 @@ def install_ref(ref: str, where: Path, repo: Path = REPO) -> Path:
     return python
 
 
-def run_in(python: str | Path, name: str, args: argparse.Namespace) -> Measure:
-    """Time the imgshards loader that ``python`` imports, in a fresh process (``--one``)."""
+def run_in(python: str | Path, name: str, args: argparse.Namespace, packed: Path | None = None) -> Measure:
+    """Time the imgshards loader that ``python`` imports, in a fresh process (``--one``), on ``packed``."""
     cmd = [str(python), str(Path(__file__).resolve()), "--one", name, "--tree", str(args.tree)]
-    cmd += ["--packed", str(args.packed), "--workers", str(args.workers)]
+    cmd += ["--packed", str(packed or args.packed), "--workers", str(args.workers)]
     cmd += ["--batch-size", str(args.batch_size), "--images", str(args.images)]
     # Out of the repo: a checkout on sys.path would shadow the installed version under test.
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
@@ -391,7 +391,7 @@ def against(args: argparse.Namespace) -> None:
         ref_python = install_ref(args.against, Path(tmp), args.repo)
         contenders: dict[str, Callable[[str], Measure]] = {
             "imgshards": lambda name: run_in(sys.executable, name, args),
-            "ref": lambda name: run_in(ref_python, name, args),
+            "ref": lambda name: run_in(ref_python, name, args, args.packed_against),
             "limit": lambda name: run_cpu_limit(name, args),
         }
         rates: dict[str, dict[str, list[float]]] = {}
@@ -488,6 +488,12 @@ def main() -> None:
     p.add_argument("--decode-on", choices=["cpu", "cuda"], default=None, help="also run (d) decode_on=...")
     p.add_argument("--against", metavar="REF", help="alternate with the loader at git ref REF (medians)")
     p.add_argument("--repo", type=Path, default=REPO, help="git repository holding REF (default: this one)")
+    p.add_argument(
+        "--packed-against",
+        type=Path,
+        help="REF's copy of --packed: the same shards under an index REF reads (a release before index "
+        "format 2: hard links to the shards and the index REF wrote, e.g. by its `imgshards index`)",
+    )
     p.add_argument("--one", metavar="PRESET", help=argparse.SUPPRESS)  # one imgshards run, as JSON
     args = p.parse_args()
     if args.one is not None:

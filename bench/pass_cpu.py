@@ -47,6 +47,9 @@ def main() -> None:
     p.add_argument("--preset", default="resnet", choices=["train", "resnet", "eval"])
     p.add_argument("--images", type=int, default=1280, help="images timed a round")
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument(
+        "--packed-against", help="REF's copy of PACKED: the same shards under an index REF reads (format 1)"
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a round, in this process
     args = p.parse_args()
     if args.one:
@@ -57,11 +60,12 @@ def main() -> None:
 
         ref = install_ref(args.against, Path(tmp))
         sides = {"this": Path(sys.executable), args.against: ref}
-        cmd = [__file__, args.packed, "--against", args.against, "--preset", args.preset]
-        cmd += ["--images", str(args.images), "--one"]
+        packed = {"this": args.packed, args.against: args.packed_against or args.packed}
         got: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.rounds):
             for name, python in sides.items():
+                cmd = [__file__, packed[name], "--against", args.against, "--preset", args.preset]
+                cmd += ["--images", str(args.images), "--one"]
                 out = subprocess.run([str(python), *cmd], check=True, capture_output=True, text=True, cwd=tmp)
                 got[name].append(float(out.stdout.split()[-1]))
     print(
