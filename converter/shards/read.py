@@ -35,7 +35,7 @@ from ..format.manifest import (
     read_manifest,
 )
 from ..format.remotefs import Remote
-from ..format.tables import BLOCK, encode_sources, encode_table, key_digest
+from ..format.tables import BLOCK, MAX_SOURCE_BYTES, encode_sources, encode_table, key_digest
 from ..format.tarsamples import checked_samples, shown
 from ..format.tarstream import TarStream, stream_end
 from ..format.validate import check_name, open_regular
@@ -97,7 +97,7 @@ def scan_shard(
                     starts.append(sample.start // BLOCK)
                     keys.append(key_digest(sample.key))
                     image = next(e for e in sample.exts if e in IMAGE_EXTENSIONS)
-                    sources.append(f"{sample.key}.{image}")
+                    sources.append(_source_path(f"{sample.key}.{image}"))
                 else:
                     bad += 1
                     if len(problems) < _PROBLEMS_PER_SHARD:
@@ -243,3 +243,15 @@ def _collect(futures: Sequence[Future[ShardScan]], progress: bool) -> list[Shard
                 raise SourceError(f"cannot read a shard: {redact_url(str(e))}") from shown_cause(e)
             bar.update()
     return scans
+
+
+def _source_path(name: str) -> str:
+    """A member's name as the sources table holds it: cut to its last MAX_SOURCE_BYTES bytes if longer.
+
+    A tar member's name may reach 1 MiB (a GNU long name); the table's paths are names to show, each
+    at most a path's length (what bounds a reader's inflate), so a longer one keeps its end, the file.
+    """
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= MAX_SOURCE_BYTES:
+        return name
+    return "..." + raw[-(MAX_SOURCE_BYTES - 3) :].decode("utf-8", "surrogateescape")

@@ -146,7 +146,9 @@ def test_a_saved_epoch_out_of_range_is_refused_by_the_loader_and_the_dataset(pac
 @pytest.mark.parametrize("epoch", [-1, MAX_EPOCH + 1, 2**70])
 def test_set_epoch_out_of_range_is_refused_in_one_line(packed48, epoch):
     ld = loader(packed48)
-    with pytest.raises(ConfigError, match=rf"epoch must be an integer from 0 to {MAX_EPOCH}, got {epoch}"):
+    with pytest.raises(
+        ConfigError, match=rf"epoch must be a whole number from 0 to {MAX_EPOCH}, got {epoch}"
+    ):
         ld.set_epoch(epoch)
     assert ld.epoch == 0
 
