@@ -307,7 +307,8 @@ class SplitReader:
         stop = int(held.starts[j + 1]) * BLOCK if j + 1 < len(held.starts) else shard.bytes
         if not start < stop <= shard.bytes:
             raise self.tables.bad(
-                "starts", f"sample {i}'s start is not below the next one's, inside its shard"
+                "starts",
+                f"sample {i}'s start is not below the next one's: starts not increasing inside the shard",
             )
         if held.labels is not None and held.labels[j] >= len(self.classes):
             raise self.tables.bad(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from imgshards.loader import ResumeError, ShardDataset, make_loader
+from imgshards.loader.state.checkpoint import STATE_VERSION
 
 IDENTITY = torch.nn.Identity()
 SAMPLES, BATCH = 48, 8
@@ -40,11 +41,11 @@ def test_a_loader_state_missing_a_setting_is_refused_naming_it(two_datasets, fie
     first = loader(a)
     next(iter(first))  # one batch into epoch 0
     state = first.state_dict()
-    assert state["version"] == 4 and field in state
+    assert state["version"] == STATE_VERSION and field in state
     del state[field]
     other = loader(b)
     with pytest.raises(
-        ResumeError, match=rf"state has no field '{field}', which every version-4 state saves"
+        ResumeError, match=rf"state has no field '{field}', which every version-{STATE_VERSION} state saves"
     ):
         other.load_state_dict(state)
     assert other.epoch == 0 and samples_of(other) == SAMPLES  # nothing skipped
