@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..format.errors import DestinationError, ManifestError, SourceError
+from ..format.errors import DestinationError
 from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest
 from ..format.remotefs import DEFAULT_TIMEOUT, Remote, with_timeouts
-from ..write.tablefiles import TABLE_FILE, as_format2
+from ..write.tablefiles import TABLE_FILE, index_to_write
 
 __all__ = ["put_index", "write_index_url"]
 
@@ -39,14 +39,8 @@ def write_index_url(
     """
     remote = Remote(url, with_timeouts(url, storage_options, DEFAULT_TIMEOUT))
     with tempfile.TemporaryDirectory(prefix="imgshards-tables-") as tmp:
-        written = as_format2(Path(tmp), manifest)
+        written = index_to_write(Path(tmp), manifest, f"the index of {remote.shown}")
         del manifest  # its format-1 tables, if any: no longer needed
-        try:  # never upload an index that its readers would refuse
-            written.check_readable(f"the index of {remote.shown}")
-        except ManifestError as e:
-            raise SourceError(
-                str(e).removesuffix("; re-pack the dataset") + "; nothing was written to the index"
-            ) from None
         put_index(remote, written, Path(tmp))
     return written
 

@@ -70,7 +70,7 @@ from ..shards.verify import (
 from ..write.destination import STATE_DIR
 from ..write.safefs import make_dirs, remove, write_atomic
 from ..write.shard import ShardRecord
-from ..write.tablefiles import as_format2
+from ..write.tablefiles import index_to_write
 from .indexurl import put_index
 
 __all__ = ["pack_to_url", "verify_url"]
@@ -389,13 +389,12 @@ class _Uploader:
         if rejects:
             self.remote.put_file(self.stage / rejects, rejects)
         # Other splits of a format-1 index at the URL are written as format 2 too, in staging.
-        manifest = as_format2(self.stage, self._merged(result.manifest), safe_root=self.stage)
-        try:  # never upload an index that its readers would refuse
-            manifest.check_readable(f"the index of {self.remote.shown}")
-        except ManifestError as e:
-            raise SourceError(
-                str(e).removesuffix("; re-pack the dataset") + "; nothing was written to the index"
-            ) from None
+        manifest = index_to_write(
+            self.stage,
+            self._merged(result.manifest),
+            f"the index of {self.remote.shown}",
+            safe_root=self.stage,
+        )
         put_index(self.remote, manifest, self.stage)
         return manifest
 

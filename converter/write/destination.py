@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..format.errors import DestinationError, ManifestError, SourceError
+from ..format.errors import DestinationError, ManifestError
 from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest, read_manifest
 from ..plan.shards import Plan
 from ..plan.splits import SPLIT_CHARS
 from ..scan.tree import ScanResult
 from .safefs import clear_dir, locked_fd, make_dirs, read_bytes, remove, write_atomic
 from .shard import ShardRecord
-from .tablefiles import as_format2, remove_stale_tables
+from .tablefiles import index_to_write, remove_stale_tables
 
 __all__ = [
     "INDEX_LOCK",
@@ -261,14 +261,8 @@ def update_index(dst: Path, change: Callable[[Manifest | None], Manifest | None]
         if wanted is None:
             return current
         try:
-            manifest = as_format2(dst, wanted, safe_root=dst)
+            manifest = index_to_write(dst, wanted, f"the index of {dst}", safe_root=dst)
             del wanted  # its format-1 tables, if any: no longer needed
-            try:  # never commit an index that its readers (info, verify, the loader) would refuse
-                manifest.check_readable(f"the index of {dst}")
-            except ManifestError as e:
-                raise SourceError(
-                    str(e).removesuffix("; re-pack the dataset") + "; nothing was written to the index"
-                ) from None
             write_index(dst, manifest)
         except BaseException:
             # The tables this call wrote, unless its index got in place after all (an interrupt

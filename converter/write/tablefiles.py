@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ..format.errors import ManifestError, SourceError
 from ..format.manifest import Manifest, ShardInfo, SplitInfo
 from ..format.tablefiles import FIXED_TABLES, TableFile, table_file_name
 from ..format.tables import decode_table
@@ -80,6 +81,27 @@ def as_format2(root: Path, manifest: Manifest, *, safe_root: Path | None = None)
     """
     splits = {name: write_tables(root, split, safe_root=safe_root) for name, split in manifest.splits.items()}
     return Manifest(manifest.classes, splits)
+
+
+def index_to_write(root: Path, manifest: Manifest, where: str, *, safe_root: Path | None = None) -> Manifest:
+    """:func:`as_format2` of ``manifest``, checked as its readers will read it: what a writer commits.
+
+    ``where`` names the index in the error. Every writer of an index (local, at a URL) calls it
+    last, so an index too large or malformed for ``info``, ``verify`` and the loader is never
+    committed after hours of packing.
+
+    Raises:
+        SourceError: a reader would refuse the index; nothing was written to it.
+
+    """
+    written = as_format2(root, manifest, safe_root=safe_root)
+    try:
+        written.check_readable(where)
+    except ManifestError as e:
+        raise SourceError(
+            str(e).removesuffix("; re-pack the dataset") + "; nothing was written to the index"
+        ) from None
+    return written
 
 
 def stale_tables(root: Path, manifest: Manifest) -> list[Path]:
