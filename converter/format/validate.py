@@ -259,10 +259,7 @@ def _check_split(body: Any, num_classes: int, field: str, where: str, names: set
         at = f"{field}.shards[{i}]"
         if not isinstance(shard, dict):
             raise _bad(where, at, shard, "an object")
-        name = check_name(shard.get("name"), f"{at}.name", where)
-        if name in names:
-            raise _bad(where, f"{at}.name", name, "a name no other shard has")
-        names.add(name)
+        _new_name(shard.get("name"), f"{at}.name", where, names)
         size = _count(shard, "bytes", MAX_SHARD_BYTES, where, at)
         count = _count(shard, "samples", size // MIN_SAMPLE_BYTES, where, at)
         samples += count
@@ -332,10 +329,7 @@ def _check_tables(
         at = f"{field}.tables.{table}"
         if not isinstance(entry, dict):
             raise _bad(where, at, entry, "an object (file, bytes, sha256)")
-        name = check_name(entry.get("file"), f"{at}.file", where)
-        if name in names:
-            raise _bad(where, f"{at}.file", name, "a name no shard or other table has")
-        names.add(name)
+        _new_name(entry.get("file"), f"{at}.file", where, names)
         size = samples * ENTRY_BYTES if table in FIXED_TABLES else sources_bytes
         if _int(entry.get("bytes")) is None or entry["bytes"] != size:
             raise _bad(where, f"{at}.bytes", entry.get("bytes"), f"{size}, what its {samples} samples need")
@@ -401,6 +395,14 @@ def _check_sizes(sizes: Any, samples: int, field: str, where: str) -> None:
             or any(_int(n) is None or not 1 <= n <= MAX_SIDE for n in size)
         ):
             raise _bad(where, f"{field}.{key}", size, f"[width, height], each an integer in 1..{MAX_SIDE}")
+
+
+def _new_name(name: object, field: str, where: str, names: set[str]) -> None:
+    """A plain file name (:func:`check_name`) no other shard or table of the index has; added to ``names``."""
+    name = check_name(name, field, where)
+    if name in names:
+        raise _bad(where, field, name, "a name no other shard or table of the index has")
+    names.add(name)
 
 
 def _typed(data: Mapping[str, Any], key: str, kind: type, where: str, what: str, field: str = "") -> Any:
