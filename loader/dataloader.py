@@ -29,7 +29,7 @@ from .pipeline.offload import DecodeOn
 from .remote.cache import end_with
 from .state.buffers import Batch, pool_token
 from .state.checkpoint import ResumeState
-from .workers import default_context, worker_died
+from .workers import default_context, socket_safe_tempdir, worker_died
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -323,3 +323,4 @@ def _end_with(owner: int, worker_id: int) -> None:
     """
     del worker_id
     end_with(owner)
+    socket_safe_tempdir()  # a spawned or forkserver worker: its own (a forked one has its parent's)

@@ -45,10 +45,9 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from pathlib import Path
-from typing import Any, BinaryIO, SupportsIndex, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, SupportsIndex, overload
 
 import numpy as np
-from torchvision.datasets import VisionDataset
 from torchvision.datasets import folder as torchvision_folder
 
 from imgshards.converter.format.errors import ManifestError, shown
@@ -60,6 +59,37 @@ from .errors import ConfigError, DatasetNotFoundError
 from .image.decode import pil_image
 from .pipeline.splitreader import DEFAULT_MAX_OPEN, IndexStamp, SplitReader
 from .remote import ShardSource
+from .workers import socket_safe_tempdir
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    class VisionDataset(Dataset[tuple[Any, Any]]):
+        """torchvision's ``VisionDataset``, as ImageFolder inherits it, for type checkers.
+
+        torchvision ships no ``py.typed``: to a type checker its own class is Any, and a class built
+        on Any takes any attribute, so a user's typo (``ds.clases``) would pass unseen.
+        """
+
+        root: str
+        transform: Callable[..., Any] | None
+        target_transform: Callable[..., Any] | None
+        transforms: Callable[..., Any] | None
+
+        def __init__(
+            self,
+            root: str | Path | None = None,
+            transforms: Callable[..., Any] | None = None,
+            transform: Callable[..., Any] | None = None,
+            target_transform: Callable[..., Any] | None = None,
+        ) -> None: ...
+
+        def extra_repr(self) -> str:
+            """Lines under the dataset's name in its ``repr``."""
+            ...
+
+else:
+    from torchvision.datasets import VisionDataset
 
 __all__ = ["DEFAULT_MAX_OPEN", "ImageFolder", "default_loader"]
 
@@ -190,6 +220,7 @@ class ImageFolder(VisionDataset):
             fadvise_random=FADVISE_RANDOM,
         )
         self.reader.require_starts()
+        socket_safe_tempdir()  # before any DataLoader forks its workers: they inherit it
         self._tree = _tree_of(split_info)  # where the samples' paths are: the tree pack read, if here
         # Which samples, and their class ids: None where they are the split's, as its tables say.
         self._kept: np.ndarray | None = None  # the dataset's samples: their positions in the split
@@ -361,7 +392,8 @@ class ImageFolder(VisionDataset):
             return list(reader.classes), dict(reader.class_to_idx)
         path = local_path(directory)
         if path.is_dir() and not os.path.lexists(path / INDEX_NAME):
-            return torchvision_folder.find_classes(path)
+            found: tuple[list[str], dict[str, int]] = torchvision_folder.find_classes(path)
+            return found
         manifest = _locate(directory, None)[1]
         return list(manifest.classes), manifest.class_to_idx
 
@@ -437,7 +469,8 @@ class ImageFolder(VisionDataset):
         paths = self._source_paths()
         if among is None:
             return np.fromiter((i for i, path in enumerate(paths) if is_valid_file(path)), np.int64)
-        return among[np.fromiter(map(is_valid_file, paths.at(among)), bool, count=len(among))]
+        kept: np.ndarray = among[np.fromiter(map(is_valid_file, paths.at(among)), bool, count=len(among))]
+        return kept
 
     def _position_of(self, path: object, error: type[Exception], what: str) -> int:
         """The position in the split of the sample whose ``samples`` path is ``path``; else ``error``.
@@ -572,7 +605,7 @@ class _Sources:
         self._tables, self._prefix, self._paths = tables, prefix, paths
 
     def __len__(self) -> int:
-        return self._tables.samples
+        return int(self._tables.samples)
 
     def path(self, i: int) -> str:
         """Sample ``i``'s path."""
@@ -605,7 +638,7 @@ class _Sources:
         return (prefix + path for s in range(len(self._tables.first) - 1) for path in self._of(s))
 
     def _of(self, s: int) -> list[str]:
-        paths = self._tables.sources(s)
+        paths: list[str] | None = self._tables.sources(s)
         assert paths is not None  # the split has the table: checked before this was made
         return paths
 

@@ -23,15 +23,19 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.popen_fork
+import multiprocessing.process
+import multiprocessing.util
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Any
 
 from .errors import WorkerError
 
-__all__ = ["READY_SECONDS", "WatchedFork", "default_context", "worker_died"]
+__all__ = ["READY_SECONDS", "WatchedFork", "default_context", "socket_safe_tempdir", "worker_died"]
 
 # How long a forked child has to run its first line before it counts as hung in os.fork(). Under
 # load it takes milliseconds; a false alarm costs one more fork, never a sample.
@@ -87,7 +91,8 @@ class _WatchedProcess(multiprocessing.context.ForkProcess):
         if fd is not None:
             os.write(fd, b"1")
             os.close(fd)
-        return super()._bootstrap(parent_sentinel)  # type: ignore[misc]
+        exitcode: int = super()._bootstrap(parent_sentinel)  # type: ignore[misc]  # private: not in typeshed
+        return exitcode
 
 
 class WatchedFork(multiprocessing.context.ForkContext):
@@ -101,6 +106,36 @@ def default_context() -> multiprocessing.context.BaseContext | None:
     if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
         return WatchedFork()
     return None
+
+
+# The longest path a Unix socket may have (sun_path, NUL included, on Linux) and the longest name that
+# multiprocessing gives one in its temp dir: "/pymp-XXXXXXXX/listener-XXXXXXXX".
+_SUN_PATH_MAX = 108
+_SOCKET_NAME_MAX = 32
+
+
+def socket_safe_tempdir() -> None:
+    """Give this process's workers a temp dir short enough for a Unix socket's path.
+
+    A worker hands each batch's shared memory over by its descriptor, through a Unix socket that
+    multiprocessing makes in its temp dir (``TMPDIR/pymp-*/listener-*``). Under a ``TMPDIR`` of more
+    than about 75 characters (a cluster's per-job scratch, pytest's ``tmp_path``) that path is too long:
+    the worker's queue thread prints ``OSError: AF_UNIX path too long`` where no one may see it (a
+    Jupyter kernel's worker) and drops the batch, and the loader waits for it for ever. As CPython 3.14
+    does (gh-132124), multiprocessing's temp dir then goes to the first of ``/tmp``, ``/var/tmp``,
+    ``/usr/tmp`` where a socket path fits; it is removed as the process ends, as multiprocessing's
+    own is. Forked workers inherit it; others call this as they start. Cheap when nothing is needed.
+    """
+    config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]  # private: not in typeshed
+    current = config.get("tempdir") or tempfile.gettempdir()
+    if len(os.path.abspath(current)) + _SOCKET_NAME_MAX < _SUN_PATH_MAX:
+        return
+    for base in ("/tmp", "/var/tmp", "/usr/tmp"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            tempdir = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(tempdir, True), exitpriority=-100)
+            config["tempdir"] = tempdir
+            return
 
 
 # Exit codes and signals a worker ends with, and what most often causes them.

@@ -273,3 +273,40 @@ def test_an_error_from_a_worker_reaches_the_loop_as_its_one_line(packed_corrupt)
 
     # DataLoader wraps a worker's error in "Caught ... Original Traceback ..."; the loop gets the line.
     assert error(2) == error(0) and "\n" not in error(2) and "does not decode" in error(2)
+
+
+LONG_TMPDIR = """
+import sys, torch
+from torch.utils.data import DataLoader
+from imgshards.loader import ImageFolder, ShardDataset, make_loader
+context = None if sys.argv[2] == "-" else sys.argv[2]
+ds = ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity())
+loader = make_loader(ds, num_workers=2, multiprocessing_context=context, timeout=60)
+assert sum(1 for _ in loader) == len(loader)
+plain = DataLoader(ShardDataset(sys.argv[1], batch_size=8, transform=torch.nn.Identity()), batch_size=None,
+                   num_workers=2, timeout=60)
+assert sum(1 for _ in plain) > 0
+folder = ImageFolder(sys.argv[1], split="train", transform=lambda image: torch.zeros(3))
+assert sum(1 for _ in DataLoader(folder, batch_size=8, num_workers=2, timeout=60)) > 0
+print("whole")
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_deliver_under_a_tmpdir_too_long_for_a_socket_path(packed_many, tmp_path, method):
+    # A batch's shared memory goes to the trainer through a Unix socket in multiprocessing's temp dir;
+    # under a long TMPDIR (a cluster's scratch, pytest's tmp_path under xdist) its path is too long, the
+    # worker's queue thread drops the batch, and the loader waited for ever (in a Jupyter kernel, silently).
+    tmpdir = tmp_path / ("scratch-" + "d" * 90)
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    done = subprocess.run(
+        [sys.executable, "-c", LONG_TMPDIR, str(packed_many), "-" if method == "fork" else method],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "whole", done.stderr[-3000:]
+    assert "AF_UNIX" not in done.stderr
+    assert not list(tmpdir.iterdir()), "a temp dir was left in TMPDIR"
