@@ -44,6 +44,7 @@ from .state.buffers import Batch, BufferPool
 from .state.cursor import CORRUPT, FILTERED, LOST, TRUNCATED, UNREADABLE
 from .state.progress import EpochProgress
 from .state.ranks import settle_ranks
+from .workers import socket_safe_tempdir
 
 __all__ = ["PassDataset", "ShardDataset"]
 
@@ -89,6 +90,7 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
 
     def __init__(self, spec: Spec, rank: int | None, world_size: int | None) -> None:
         super().__init__()
+        socket_safe_tempdir()  # before any DataLoader forks its workers: they inherit it
         object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "progress", EpochProgress(spec, rank, world_size))
         # Off unless a profiler attaches one before the workers start (imgshards.loader.profiling):
