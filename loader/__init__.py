@@ -4,8 +4,8 @@ from imgshards.loader import ShardDataset, make_loader, to_device
 
 dataset = ShardDataset("/data/imagenet-shards", split="train", batch_size=256)
 loader = make_loader(dataset, num_workers=8)
-for images, labels in loader:
-    images, labels = to_device((images, labels), "cuda")
+for batch in loader:
+    images, labels = to_device(batch, "cuda")
 
 # Coming from torchvision: the same map-style dataset, over the packed split (any sampler, transform):
 dataset = ImageFolder("/data/imagenet-shards/train", transform)  # was ImageFolder("/data/imagenet/train")
@@ -18,7 +18,7 @@ from imgshards.converter.format.errors import ImgshardsError, ManifestError
 
 from . import stages
 from .dataloader import ShardLoader, make_loader
-from .dataset import Mode, OnError, ShardDataset
+from .dataset import ShardDataset
 from .errors import (
     ConfigError,
     CorruptImageError,
@@ -45,6 +45,7 @@ from .imagefolder import ImageFolder
 from .mix import MixedDataset
 from .pipeline.collate import IMAGENET_MEAN, IMAGENET_STD, to_device
 from .pipeline.offload import DecodeOn
+from .pipeline.settings import Mode, OnError, Settings
 from .remote import RetryPolicy, ShardSource
 from .state.buffers import Batch
 
@@ -73,6 +74,7 @@ __all__ = [
     "RetryPolicy",
     "ScaleCropFlipColor",
     "SettingFixedError",
+    "Settings",
     "ShardAccessError",
     "ShardDataset",
     "ShardLoader",

@@ -1,16 +1,17 @@
 """``ShardDataset``: an ``IterableDataset`` over a packed split that yields whole batches.
 
 A dataset is two things, each a public attribute: :attr:`PassDataset.spec`, the frozen
-:class:`~.pipeline.spec.Spec` of what it reads and every setting it was made with (built by the one
-:func:`~.pipeline.spec.make_spec`), and :attr:`PassDataset.progress`, the
-:class:`~.state.progress.EpochProgress` of its epoch, shared with the DataLoader workers (the cursor,
-the ranks, the counters, torchdata's state), which a :class:`~.dataloader.ShardLoader` drives. A pass
-starts from where the epoch stands and runs :mod:`.pipeline.passes` on the spec. A setting is read on
-the dataset as on its spec (``ds.batch_size`` is ``ds.spec.batch_size``: the spec holds it, once);
-setting one after the dataset is made is an error, not a silent change, and so is setting a name one
-slip from a setting (``ds.shufle = True``, ``ds.batchsize = 32``, ``ds.sed = 7``), which would
-otherwise be a new attribute nothing reads. :class:`ShardDataset` reads one split: a spec of one
-part; :class:`~.mix.MixedDataset` several.
+:class:`~.pipeline.spec.Spec` of what it reads, made by the one :func:`~.pipeline.spec.make_spec`
+from its :class:`~.pipeline.settings.Settings` (every setting, declared once, as given), and
+:attr:`PassDataset.progress`, the :class:`~.state.progress.EpochProgress` of its epoch, shared with
+the DataLoader workers (the cursor, the ranks, the counters, torchdata's state), which a
+:class:`~.dataloader.ShardLoader` drives. A pass starts from where the epoch stands and runs
+:mod:`.pipeline.passes` on the spec. Every setting reads back from ``ds.settings``; the ones a
+training loop asks for (``batch_size``, ``split``, ``seed``, ``mode``, ``shuffle``...) are typed
+properties too. Setting one after the dataset is made is an error, not a silent change, and so is
+setting a name one slip from a setting (``ds.shufle = True``, ``ds.batchsize = 32``, ``ds.sed = 7``),
+which would otherwise be a new attribute nothing reads. :class:`ShardDataset` reads one split: a
+spec of one part; :class:`~.mix.MixedDataset` several.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .errors import SettingFixedError
 from .image.presets import Transform
 from .pipeline.offload import DecodeOn, RawBatch
 from .pipeline.passes import raw_batches, raw_samples, worker_pass
-from .pipeline.spec import DEFAULT_MAX_LOST, Mode, OnError, Part, Spec, make_spec
+from .pipeline.settings import DEFAULT_MAX_LOST, Mode, OnError, Settings
+from .pipeline.spec import Part, Spec, make_spec
 from .pipeline.steps import NO_CLOCK, StepTimes
 from .pipeline.tar import RawSample
 from .remote import ShardSource
@@ -56,23 +58,14 @@ _SLIP = 0.8
 _UNSET = object()
 
 
-@functools.cache
-def _settings() -> frozenset[str]:
-    """The names a dataset reads from its spec: the spec's fields and properties, but its parts."""
-    fields = {f.name for f in dataclasses.fields(Spec)}
-    views = {
-        name
-        for name, value in vars(Spec).items()
-        if isinstance(value, (property, functools.cached_property)) and not name.startswith("_")
-    }
-    return frozenset((fields | views) - {"parts"})
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(Settings))
 
 
 class PassDataset(IterableDataset[Batch | RawBatch]):
     """An epoch of batches, shared with the DataLoader workers, and the pass each of them runs.
 
     Attributes:
-        spec: What it reads and every setting (frozen); each setting reads on the dataset too.
+        spec: What it reads and how (frozen): the settings and what follows from them.
         progress: Where its epoch is, shared with the workers; a ShardLoader drives it.
 
     """
@@ -100,16 +93,6 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
     spec: Spec
     progress: EpochProgress
 
-    def __getattr__(self, name: str) -> Any:
-        # Called only where the attribute is not found: a setting, which the spec holds.
-        spec = self.__dict__.get("spec")
-        if spec is not None and name in _settings():
-            return getattr(spec, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *_settings()})
-
     def __setattr__(self, name: str, value: Any) -> None:
         if not name.startswith("_") and name not in _SETTABLE:
             if self._is_setting(name):
@@ -130,7 +113,7 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
     def _is_setting(cls, name: str) -> bool:
         return (
             name in cls._arguments
-            or name in _settings()
+            or name in _SETTINGS
             or name in ("spec", "progress")
             or isinstance(inspect.getattr_static(cls, name, None), property)
         )
@@ -150,7 +133,7 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
         cls = type(self)
         if inspect.getattr_static(cls, name, _UNSET) is not _UNSET:
             return None
-        names = set(cls._arguments) | _settings()
+        names = set(cls._arguments) | _SETTINGS
         names |= {n for n in dir(cls) if not n.startswith("_") and self._is_setting(n)}
         close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=_SLIP)
         return close[0] if close else None
@@ -177,7 +160,57 @@ class PassDataset(IterableDataset[Batch | RawBatch]):
             f"the dataset is made; make a new {kind}(...) to change them"
         )
 
-    # ---- what follows from the settings --------------------------------------------------------
+    # ---- the settings, and what follows from them ------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """Every setting it was made with, as given (frozen): the one place each reads back."""
+        return self.spec.settings
+
+    @property
+    def split(self) -> str:
+        """The split it reads."""
+        return self.spec.split
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (of a mix: every source's share together)."""
+        return self.spec.batch_size
+
+    @property
+    def mode(self) -> Mode:
+        """``"train"`` or ``"eval"``."""
+        return self.settings.mode
+
+    @property
+    def seed(self) -> int:
+        """Seed of every random choice."""
+        return self.spec.seed
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether it shuffles: ``settings.shuffle``, or train mode where that is None."""
+        return self.spec.shuffle
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether each rank's partial last batch is dropped (always, for a mix)."""
+        return self.settings.drop_last
+
+    @property
+    def transform(self) -> Transform:
+        """The transform each image goes through: the preset ``settings.transform`` names, or the callable."""
+        return self.spec.transform
+
+    @property
+    def decode_on(self) -> DecodeOn | None:
+        """Where images are decoded and augmented: None in the workers, else the training process's device."""
+        return self.spec.decode_on
+
+    @property
+    def num_samples(self) -> int:
+        """Samples of the split (of a mix: of every source together)."""
+        return self.spec.num_samples
 
     @property
     def classes(self) -> list[str]:
@@ -409,6 +442,10 @@ class ShardDataset(PassDataset):
         decode_on: ``"cuda"`` (nvjpeg and the presets on the GPU), ``"cpu"`` or a :class:`DecodeOn`:
             the workers only read and batch raw bytes, the training process decodes and augments
             (same order and augmentation) and yields normalized images there (:mod:`.device`).
+        raw_stages: Callables run in the workers on each worker's raw samples, before decoding
+            (filter, map, make samples of several: :mod:`imgshards.loader.stages`).
+        image_stages: Callables run in the workers on the decoded, transformed samples, before the
+            batch is stacked (not with ``decode_on``).
 
     Raises:
         ManifestError: no index at ``source``, a bad index, an unknown split, or a missing shard.
@@ -446,8 +483,7 @@ class ShardDataset(PassDataset):
     ) -> None:
         # Checked now for an early error, but settled as each pass starts (see .state.ranks).
         settle_ranks(rank, world_size)
-        spec = make_spec(
-            [source],
+        settings = Settings(
             split=split,
             batch_size=batch_size,
             mode=mode,
@@ -458,6 +494,8 @@ class ShardDataset(PassDataset):
             shuffle_initial=shuffle_initial,
             drop_last=drop_last,
             seed=seed,
+            rank=rank,
+            world_size=world_size,
             on_error=on_error,
             max_lost=max_lost,
             storage_options=storage_options,
@@ -469,6 +507,7 @@ class ShardDataset(PassDataset):
             raw_stages=raw_stages,
             image_stages=image_stages,
         )
+        spec = make_spec([source], settings)
         super().__init__(spec, rank, world_size)
 
     @property
@@ -494,4 +533,4 @@ class ShardDataset(PassDataset):
         )
 
 
-ShardDataset._arguments = frozenset(inspect.signature(ShardDataset).parameters)
+ShardDataset._arguments = frozenset({"source", *_SETTINGS})

@@ -27,7 +27,7 @@ is one label, whichever source a sample comes from.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -35,8 +35,9 @@ from typing import Any
 
 from imgshards.converter.format.locate import redact_url
 
-from .dataset import PassDataset, ShardDataset
+from .dataset import PassDataset
 from .errors import ConfigError
+from .pipeline.settings import Settings
 from .pipeline.spec import make_spec
 from .remote import ShardSource
 from .state.ranks import settle_ranks
@@ -45,12 +46,8 @@ __all__ = ["MixedDataset"]
 
 Source = str | os.PathLike[str] | ShardSource
 
-# ShardDataset's options, with their defaults: what a mix's **options may hold.
-_OPTIONS = {
-    name: p.default
-    for name, p in inspect.signature(ShardDataset).parameters.items()
-    if name not in ("source", "split", "batch_size", "seed")
-}
+# The settings a mix's **options may hold: all but those it names itself.
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(Settings)) - {"split", "batch_size", "seed"}
 
 
 class MixedDataset(PassDataset):
@@ -101,10 +98,19 @@ class MixedDataset(PassDataset):
             )
         if weights is not None:
             _check_weights(weights)
-        o = {**_OPTIONS, **options}
-        del o["rank"], o["world_size"]  # settled as each pass starts, by the epoch's progress
-        spec = make_spec(sources, weights=weights, split=split, batch_size=batch_size, seed=seed, **o)
-        super().__init__(spec, options.get("rank"), options.get("world_size"))
+        settings = Settings(split=split, batch_size=batch_size, seed=seed, **options)
+        spec = make_spec(sources, settings, weights=weights)
+        super().__init__(spec, settings.rank, settings.world_size)
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """The share of each source in a batch, as given (default: their samples)."""
+        return self.spec.weights
+
+    @property
+    def shares(self) -> list[int]:
+        """Samples of each source in every batch: ``batch_size`` split by the weights."""
+        return self.spec.shares
 
     def __repr__(self) -> str:
         spec = self.spec
@@ -141,4 +147,4 @@ def _check_weights(weights: Sequence[float]) -> None:
         )
 
 
-MixedDataset._arguments = frozenset(inspect.signature(MixedDataset).parameters) - {"options"} | set(_OPTIONS)
+MixedDataset._arguments = frozenset({"sources", "weights", "batch_size", "split", "seed", *_OPTIONS})

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
-import torch
 
 from imgshards.converter.format.locate import INDEX_NAME, is_url, local_path, redact_url
 from imgshards.converter.format.manifest import Manifest, SplitInfo, read_manifest
@@ -32,7 +31,7 @@ from imgshards.converter.format.validate import MIN_SAMPLE_BYTES
 
 from ..epoch import elastic, partition
 from ..epoch.position import Leg
-from ..errors import ConfigError, check_choice
+from ..errors import ConfigError
 from ..image.pil_input import user_transform
 from ..image.presets import PRESETS, Transform, preset
 from ..remote import ShardSource
@@ -40,25 +39,10 @@ from ..remote.ranges import DEFAULT_TIMEOUT
 from ..state.checkpoint import shards_digest
 from .batches import Stage, check_stages
 from .offload import DecodeOn
+from .settings import Settings
 from .splitreader import IndexStamp, SplitReader
 
-__all__ = [
-    "DEFAULT_MAX_LOST",
-    "MODES",
-    "ON_ERROR",
-    "Mode",
-    "OnError",
-    "Part",
-    "Spec",
-    "make_spec",
-    "split_batch",
-]
-
-Mode = Literal["train", "eval"]
-OnError = Literal["skip", "raise"]
-MODES: tuple[str, ...] = get_args(Mode)
-ON_ERROR: tuple[str, ...] = get_args(OnError)
-DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
+__all__ = ["Part", "Spec", "make_spec", "split_batch"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,18 +102,45 @@ class Spec:
     """
 
     parts: tuple[Part, ...]
-    mode: str  # "train" or "eval"
+    settings: Settings  # as given: what follows from them (shuffle, transform...) is below
     shuffle: bool
-    shuffle_buffer: int
-    shuffle_initial: int
-    drop_last: bool
     transform: Transform
-    on_error: str  # "skip" or "raise"
-    max_lost: float
     decode_on: DecodeOn | None
     raw_stages: tuple[Stage, ...] = ()
     image_stages: tuple[Stage, ...] = ()
     weights: tuple[float, ...] = ()  # several parts: the share of each in a batch, as given
+
+    # ---- the settings as given -------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """``"train"`` or ``"eval"``."""
+        return self.settings.mode
+
+    @property
+    def shuffle_buffer(self) -> int:
+        """Samples in each worker's shuffle buffer."""
+        return self.settings.shuffle_buffer
+
+    @property
+    def shuffle_initial(self) -> int:
+        """Samples in the buffer before the first is yielded."""
+        return self.settings.shuffle_initial
+
+    @property
+    def drop_last(self) -> bool:
+        """Train mode only: drop each rank's partial last batch."""
+        return self.settings.drop_last
+
+    @property
+    def on_error(self) -> str:
+        """``"skip"`` or ``"raise"``."""
+        return self.settings.on_error
+
+    @property
+    def max_lost(self) -> float:
+        """The share of a rank's samples a pass may lose to damaged or unreadable shards."""
+        return self.settings.max_lost
 
     # ---- the settings that follow from the parts ---------------------------------------------------
 
@@ -289,79 +300,33 @@ class Spec:
 
 def make_spec(
     sources: Sequence[str | os.PathLike[str] | ShardSource],
+    settings: Settings,
     *,
     weights: Sequence[float] | None = None,
-    split: str = "train",
-    batch_size: int = 64,
-    mode: str = "train",
-    transform: str | Transform | None = None,
-    image_size: int = 224,
-    shuffle: bool | None = None,
-    shuffle_buffer: int = 2000,
-    shuffle_initial: int = 100,
-    drop_last: bool = False,
-    seed: int = 0,
-    on_error: str = "skip",
-    max_lost: float = DEFAULT_MAX_LOST,
-    storage_options: Mapping[str, Any] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | None = None,
-    prefetch: int = 2,
-    timeout: float = DEFAULT_TIMEOUT,
-    decode_on: DecodeOn | str | torch.device | None = None,
-    raw_stages: Sequence[Stage] | None = None,
-    image_stages: Sequence[Stage] | None = None,
 ) -> Spec:
-    """The spec of a dataset reading ``split`` of ``sources``: every dataset kind's settings, checked.
+    """The spec of a dataset reading ``settings.split`` of ``sources``: every dataset kind's, checked.
 
     One source is a dataset of one part, its share of a batch the batch size. Several are parts of
     a mix: ``batch_size`` split by ``weights`` (default: in proportion to their samples, each index
-    read once), part ``i`` drawing its order from ``seed + i``, their classes merged by name. The
-    arguments are :class:`~imgshards.loader.ShardDataset`'s (see there).
+    read once), part ``i`` drawing its order from ``seed + i``, their classes merged by name.
 
     Raises:
         ConfigError: a setting out of range or not among the allowed values.
         ManifestError: no index at a source, a bad index, an unknown split, or a missing shard.
 
     """
-    check_settings(
-        mode=mode,
-        on_error=on_error,
-        batch_size=batch_size,
-        seed=seed,
-        drop_last=drop_last,
-        max_lost=max_lost,
-        shuffle_buffer=shuffle_buffer,
-        shuffle_initial=shuffle_initial,
-    )
-    transform, offload, raw, image = _image_settings(
-        transform,
-        image_size=image_size,
-        mode=mode,
-        decode_on=decode_on,
-        raw_stages=raw_stages,
-        image_stages=image_stages,
-    )
-    opened = [
-        open_source(
-            s,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            prefetch=prefetch,
-            timeout=timeout,
-        )
-        for s in sources
-    ]
-    indexes = [read_index(s, split) for s in opened]
+    settings.check()
+    transform, offload, raw, image = _image_settings(settings)
+    opened = [open_source(s, settings) for s in sources]
+    indexes = [read_index(s, settings.split) for s in opened]
     mixed = len(opened) > 1
     if mixed:
         weights = tuple(float(w) for w in (weights or [info.samples for _, _, info, _ in indexes]))
         if len(weights) != len(opened):
             raise ConfigError(f"{len(weights)} weights for {len(opened)} sources")
-        shares = split_batch(batch_size, weights)
+        shares = split_batch(settings.batch_size, weights)
     else:
-        weights, shares = (), [batch_size]
+        weights, shares = (), [settings.batch_size]
     # One label a class name: each part's labels mapped onto the spec's classes (None where a part's
     # list is the spec's: its labels stay as they are).
     names = [tuple(manifest.classes) for _, manifest, _, _ in indexes]
@@ -374,7 +339,7 @@ def make_spec(
             info,
             source,
             SplitReader(info, manifest.classes, source, stamp=stamp),
-            seed=seed + i,
+            seed=settings.seed + i,
             share=share,
             relabel=None if own == classes else np.array([ids[c] for c in own], dtype=np.int64),
         )
@@ -384,14 +349,9 @@ def make_spec(
     )
     return Spec(
         parts,
-        mode=mode,
-        shuffle=(mode == "train") if shuffle is None else shuffle,
-        shuffle_buffer=shuffle_buffer,
-        shuffle_initial=shuffle_initial,
-        drop_last=drop_last,
+        settings,
+        shuffle=(settings.mode == "train") if settings.shuffle is None else settings.shuffle,
         transform=transform,
-        on_error=on_error,
-        max_lost=max_lost,
         decode_on=offload,
         raw_stages=raw,
         image_stages=image,
@@ -426,53 +386,18 @@ def split_batch(batch_size: int, weights: Sequence[float]) -> list[int]:
     return [int(c) for c in counts]
 
 
-def check_settings(
-    *,
-    mode: str,
-    on_error: str,
-    batch_size: int,
-    seed: int,
-    drop_last: bool,
-    max_lost: float,
-    shuffle_buffer: int,
-    shuffle_initial: int,
-) -> None:
-    """Raise :class:`ConfigError` for a setting out of range or not among the allowed values."""
-    check_choice("mode", mode, MODES)
-    check_choice("on_error", on_error, ON_ERROR)
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
-    if seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed}")
-    if drop_last and mode == "eval":
-        raise ConfigError("drop_last applies to mode='train' only: eval yields every sample exactly once")
-    if not 0 <= max_lost <= 1:
-        raise ConfigError(f"max_lost is a share of the samples, from 0 (none) to 1 (all), got {max_lost}")
-    if shuffle_buffer < 0 or shuffle_initial < 0:
-        raise ConfigError(
-            f"shuffle_buffer and shuffle_initial must be >= 0, got {shuffle_buffer}, {shuffle_initial}"
-        )
-
-
 def _image_settings(
-    transform: str | Transform | None,
-    *,
-    image_size: int,
-    mode: str,
-    decode_on: DecodeOn | str | torch.device | None,
-    raw_stages: Sequence[Stage] | None,
-    image_stages: Sequence[Stage] | None,
+    settings: Settings,
 ) -> tuple[Transform, DecodeOn | None, tuple[Stage, ...], tuple[Stage, ...]]:
     """How images are made: the transform, where they are decoded, and the checked stages."""
-    if transform is None:
-        transform = mode
+    transform = settings.mode if settings.transform is None else settings.transform
     if isinstance(transform, str):
-        transform = preset(transform, size=image_size)
+        transform = preset(transform, size=settings.image_size)
     elif not callable(transform):
         raise ConfigError(f"transform must be one of {list(PRESETS)} or a callable, got {transform!r}")
-    offload = DecodeOn.of(decode_on)
-    raw = check_stages("raw_stages", raw_stages)
-    image = check_stages("image_stages", image_stages)
+    offload = DecodeOn.of(settings.decode_on)
+    raw = check_stages("raw_stages", settings.raw_stages)
+    image = check_stages("image_stages", settings.image_stages)
     if image and offload is not None:
         raise ConfigError(
             "image_stages run in the workers on decoded images; with decode_on the training process "
@@ -484,22 +409,14 @@ def _image_settings(
     return transform, offload, raw, image
 
 
-def open_source(
-    source: str | os.PathLike[str] | ShardSource,
-    *,
-    storage_options: Mapping[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
-    cache_limit: int | None,
-    prefetch: int,
-    timeout: float,
-) -> ShardSource:
-    """``source`` as a :class:`ShardSource` holding the remote options (or as given, if one already)."""
+def open_source(source: str | os.PathLike[str] | ShardSource, settings: Settings) -> ShardSource:
+    """``source`` as a :class:`ShardSource` holding the remote settings (or as given, if one already)."""
     if isinstance(source, ShardSource):
         if (
-            storage_options is not None
-            or cache_dir is not None
-            or cache_limit is not None
-            or timeout != DEFAULT_TIMEOUT
+            settings.storage_options is not None
+            or settings.cache_dir is not None
+            or settings.cache_limit is not None
+            or settings.timeout != DEFAULT_TIMEOUT
         ):
             raise ConfigError(
                 "pass storage_options, cache_dir, cache_limit and timeout to the ShardSource, not beside it"
@@ -507,11 +424,11 @@ def open_source(
         return source
     return ShardSource(
         _dataset_dir(source),
-        storage_options=storage_options,
-        cache_dir=cache_dir,
-        cache_limit=cache_limit,
-        prefetch=prefetch,
-        timeout=timeout,
+        storage_options=settings.storage_options,
+        cache_dir=settings.cache_dir,
+        cache_limit=settings.cache_limit,
+        prefetch=settings.prefetch,
+        timeout=settings.timeout,
     )
 
 

@@ -47,8 +47,7 @@ DERIVED = (
     "dropped_per_epoch",
     "spec",
     "progress",
-    "shares",
-    "shards_digest",
+    "settings",
     "lost_samples",
     "corrupt_skipped",
     "filtered_samples",
@@ -157,7 +156,7 @@ def test_a_refused_setting_is_an_attribute_error_as_python_has_it(packed_many):
     ds = shard_dataset(packed_many)
     with pytest.raises(AttributeError):
         ds.shuffle_buffer = 5
-    assert ds.shuffle_buffer == 40 and hasattr(ds, "seed")
+    assert ds.settings.shuffle_buffer == 40 and hasattr(ds, "seed")
 
 
 # ---- a name one slip from a setting (issue 50, point 14) -------------------------------------------

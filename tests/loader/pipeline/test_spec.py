@@ -1,12 +1,10 @@
-"""Every setting of a dataset is held once, in its spec (issue 45).
+"""Every setting of a dataset is held once: as given in its spec's ``settings``, what follows in the spec.
 
-Before, the seed was held in three places (the spec, the image settings, the order's layout), the
-classes in three, the batch size, the mode, ``on_error`` and ``decode_on`` in two each, and two
-near-parallel constructors built them. Now one builder (:func:`make_spec`) makes every dataset's
-:class:`Spec`; the spec and its parts hold each setting in one field, and everything else (a part's
-order layout, the batch size of a mix, the classes of a mix) is computed from them. The tables here
-name each field's owner: a new field, or one name held in two places, fails until a person says
-where it belongs.
+One builder (:func:`make_spec`) makes every dataset's :class:`Spec` from a
+:class:`~imgshards.loader.Settings`; the spec and its parts hold each thing in one field, and
+everything else (a part's order layout, the batch size of a mix, the classes of a mix) is computed
+from them. The tables here name each field's owner: a new field, or one name held in two places,
+fails until a person says where it belongs.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import pytest
 import torch
 
 from imgshards.loader import MixedDataset, ShardDataset
+from imgshards.loader import Settings
 from imgshards.loader.pipeline.spec import Part, Spec, make_spec
 
 IDENTITY = torch.nn.Identity()
@@ -26,17 +25,12 @@ IDENTITY = torch.nn.Identity()
 FIELDS = {
     Spec: {
         "parts": "the packed splits read (one a source)",
-        "mode": "'train' or 'eval'",
-        "shuffle": "whether shard order and samples are shuffled",
-        "shuffle_buffer": "samples in each worker's shuffle buffer",
-        "shuffle_initial": "samples in the buffer before the first is yielded",
-        "drop_last": "whether a rank's partial last batch is dropped",
+        "settings": "every setting as given (mode, shuffle_buffer, on_error... read from here)",
+        "shuffle": "whether shard order and samples are shuffled (settings.shuffle, or the mode's)",
         "transform": "the transform each image goes through (a preset made at image_size, or the caller's)",
-        "on_error": "'skip' or 'raise'",
-        "max_lost": "the share of a rank's samples a pass may lose",
         "decode_on": "where the training process decodes (None: the workers do)",
-        "raw_stages": "the user's stages on raw samples",
-        "image_stages": "the user's stages on decoded images",
+        "raw_stages": "the user's stages on raw samples, checked",
+        "image_stages": "the user's stages on decoded images, checked",
         "weights": "a mix's weights, as given",
     },
     Part: {
@@ -56,18 +50,18 @@ OWNERS = {
     "source": "Part.root, Part.source",
     "split": "Part.split",
     "batch_size": "Part.share (Spec.batch_size: the parts' shares)",
-    "mode": "Spec.mode",
+    "mode": "Spec.settings",
     "transform": "Spec.transform",
     "image_size": "Spec.transform (the preset's size)",
-    "shuffle": "Spec.shuffle",
-    "shuffle_buffer": "Spec.shuffle_buffer",
-    "shuffle_initial": "Spec.shuffle_initial",
-    "drop_last": "Spec.drop_last",
+    "shuffle": "Spec.settings (as given), Spec.shuffle (what follows)",
+    "shuffle_buffer": "Spec.settings",
+    "shuffle_initial": "Spec.settings",
+    "drop_last": "Spec.settings",
     "seed": "Part.seed (Spec.seed: the first part's)",
     "rank": "EpochProgress (settled as each pass starts)",
     "world_size": "EpochProgress (settled as each pass starts)",
-    "on_error": "Spec.on_error",
-    "max_lost": "Spec.max_lost",
+    "on_error": "Spec.settings",
+    "max_lost": "Spec.settings",
     "storage_options": "Part.source",
     "cache_dir": "Part.source",
     "cache_limit": "Part.source",
@@ -96,15 +90,9 @@ def test_no_name_is_held_in_two_places():
 def test_every_argument_has_one_owner():
     arguments = list(inspect.signature(ShardDataset).parameters)
     assert sorted(arguments) == sorted(OWNERS)
-    # The same builder makes a mix: ShardDataset's arguments are make_spec's, but the ranks.
-    assert set(inspect.signature(make_spec).parameters) == set(arguments) - {
-        "source",
-        "rank",
-        "world_size",
-    } | {
-        "sources",
-        "weights",
-    }
+    # The same builder makes a mix, from the same settings: ShardDataset's arguments but its source.
+    assert list(inspect.signature(make_spec).parameters) == ["sources", "settings", "weights"]
+    assert [f.name for f in dataclasses.fields(Settings)] == arguments[1:]
 
 
 @pytest.fixture(params=["one", "mix"])
@@ -119,17 +107,9 @@ def dataset(request, packed_many, packed_few):
 def test_a_dataset_reads_its_settings_from_its_spec_and_holds_none(dataset):
     spec = dataset.spec
     assert dataset.__dict__.keys() == {"spec", "progress", "step_times"}
-    for name in (
-        "seed",
-        "batch_size",
-        "mode",
-        "on_error",
-        "decode_on",
-        "shuffle_buffer",
-        "transform",
-        "split",
-    ):
-        assert getattr(dataset, name) is getattr(spec, name), name
+    assert dataset.settings is spec.settings
+    for name in ("seed", "batch_size", "mode", "shuffle", "decode_on", "transform", "split", "num_samples"):
+        assert getattr(dataset, name) == getattr(spec, name), name
     assert dataset.classes == list(spec.classes)
     assert (spec.seed, spec.batch_size, spec.shuffle_buffer) == (3, 8, 40)
     assert spec.batch_size == sum(p.share for p in spec.parts)
