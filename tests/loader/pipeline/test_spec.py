@@ -15,8 +15,7 @@ import inspect
 import pytest
 import torch
 
-from imgshards.loader import MixedDataset, ShardDataset
-from imgshards.loader import Settings
+from imgshards.loader import MixedDataset, Settings, ShardDataset
 from imgshards.loader.pipeline.spec import Part, Spec, make_spec
 
 IDENTITY = torch.nn.Identity()
