@@ -25,7 +25,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import DEFAULT_SHARD_SIZE, ENGINES, PackConfig, PackHooks, PackResult
+    from .config import DEFAULT_SHARD_SIZE, ENGINES, Check, PackConfig, ReadOrder
     from .format.errors import (
         DestinationError,
         EngineError,
@@ -36,11 +36,9 @@ if TYPE_CHECKING:
     )
     from .format.formats import reader_warnings
     from .format.manifest import INDEX_NAME, LabelSource, Manifest, ShardInfo, SplitInfo, read_manifest
-    from .pack import pack
+    from .pack import PackHooks, PackResult, pack
     from .plan.dryrun import DryRun, SplitPlan, dry_run
     from .remote.upload import pack_to_url, verify_url
-    from .scan.check import Check
-    from .scan.readorder import ReadOrder
     from .scan.reasons import Reason
     from .scan.tree import IMG_EXTENSIONS, ScanResult, scan_tree, split_tree_error, tree_warnings
     from .shards.index import IndexConfig, IndexResult, index, read_classes
@@ -98,7 +96,7 @@ __all__ = [
 # (``imgshards.converter.format``) above all, runs none of the packer: the loader imports the format
 # without loading pack, scan, the engines or the upload (tests/test_layout.py checks this).
 _WHERE = {
-    "Check": "scan.check",
+    "Check": "config",
     "DEFAULT_SHARD_SIZE": "config",
     "DestinationError": "format.errors",
     "DryRun": "plan.dryrun",
@@ -113,9 +111,9 @@ _WHERE = {
     "Manifest": "format.manifest",
     "ManifestError": "format.errors",
     "PackConfig": "config",
-    "PackHooks": "config",
-    "PackResult": "config",
-    "ReadOrder": "scan.readorder",
+    "PackHooks": "pack",
+    "PackResult": "pack",
+    "ReadOrder": "config",
     "Reason": "scan.reasons",
     "ScanResult": "scan.tree",
     "ShardInfo": "format.manifest",

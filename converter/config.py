@@ -1,33 +1,44 @@
-"""What ``pack`` is asked to do, what a remote destination plugs in, and what a run did.
+"""What ``pack`` is asked to do: :class:`PackConfig`, and the closed sets of its settings.
 
-:class:`PackConfig`, :class:`PackHooks` and :class:`PackResult`, apart from the run itself
-(:mod:`.pack`) so that the destination's state (:mod:`.write.destination`) and the remote packer
-(:mod:`.remote.upload`) can name them.
+Read by every stage (scan, plan, write, the engines), so it imports none of them: the closed sets
+of its settings are its own (:class:`Check`, :class:`ReadOrder`, :data:`ENGINES`), which those
+stages import from here. What a run did and what a remote destination plugs in (``PackResult``,
+``PackHooks``) are :mod:`.pack`'s, which hands them on.
 """
 
 from __future__ import annotations
 
+import enum
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .engines.engine import ENGINES
 from .format.errors import shown
-from .format.manifest import Manifest, SplitInfo
 from .format.validate import split_name_error
-from .scan.check import Check
-from .scan.readorder import ReadOrder
 
-if TYPE_CHECKING:  # annotations only: the config is read by every stage, and imports none of them
-    from .plan.resizehint import ResizeHint
-    from .write.shard import ShardRecord
-
-__all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "PackConfig", "PackHooks", "PackResult"]
+__all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "MAX_SEED", "Check", "PackConfig", "ReadOrder"]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
 MAX_SEED = 2**63 - 1  # numpy's generators take any non-negative integer; an int64 fits every reader
+# The engines ``pack`` runs on (PackConfig.engine, ``--engine``): engines.engine.make_engine makes each.
+ENGINES = ("pool", "ray")
+
+
+class Check(str, enum.Enum):
+    """How thoroughly ``pack`` checks each input file (``--check``; the levels: :mod:`.scan.check`)."""
+
+    NONE = "none"
+    HEADER = "header"
+    FULL = "full"
+
+
+class ReadOrder(str, enum.Enum):
+    """How ``pack`` reads the tree (``--read-order``; :mod:`.scan.readorder` decides ``auto``)."""
+
+    AUTO = "auto"
+    DISK = "disk"
+    PLAN = "plan"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,53 +170,3 @@ class PackConfig:
             "val_split": self.val_split if self.val_fraction is not None else None,
             "split_file": str(Path(self.split_file).resolve()) if self.split_file is not None else None,
         }
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackHooks:
-    """Where a destination other than the output directory plugs in (see :mod:`.remote.upload`).
-
-    Attributes:
-        stored: Asked about a shard recorded as finished whose file is not in the output directory;
-            True when it is stored elsewhere (uploaded), so it counts as done without a re-hash.
-        on_shard: Called with the path and record of each shard this run writes, once both are
-            committed, in the order they finish.
-
-    """
-
-    stored: Callable[[ShardRecord], bool] = lambda record: False
-    on_shard: Callable[[Path, ShardRecord], None] = lambda path, record: None
-
-
-@dataclass(frozen=True)
-class PackResult:
-    """What a ``pack`` run did (``dst`` is a URL for a remote destination).
-
-    ``split`` is the first split the run packed, ``splits`` all of them (one unless the tree was
-    split); ``read_order`` how the tree was read (``disk`` or ``plan``). ``hints`` holds, for each
-    split of images much larger than training uses, what ``--resize`` would save (:mod:`.plan.resizehint`).
-    """
-
-    dst: Path | str
-    split: str
-    manifest: Manifest
-    shards_written: int
-    shards_reused: int
-    seconds: float
-    splits: tuple[str, ...] = ()
-    read_order: str = ReadOrder.DISK.value
-    engine: str = "pool"
-    nodes: dict[str, int] = field(default_factory=dict)
-    retried: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-    hints: dict[str, ResizeHint] = field(default_factory=dict)
-
-    @property
-    def info(self) -> SplitInfo:
-        """The (first) packed split, as recorded in the index."""
-        return self.manifest.split(self.split)
-
-    @property
-    def infos(self) -> list[SplitInfo]:
-        """Every split this run packed, as recorded in the index."""
-        return [self.manifest.split(name) for name in self.splits or (self.split,)]

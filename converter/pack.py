@@ -10,7 +10,7 @@ last, under a lock, so several splits can be packed into one destination. The ar
 machines), which only runs them: the plan, records, rejects and index stay here, in the driver.
 Each split's image sizes, counted in its shards' records, go into the index; a split of large
 photos packed as they are also gets a measured estimate of what ``--resize`` would save
-(:mod:`.plan.resizehint`, in :attr:`~.config.PackResult.hints`).
+(:mod:`.plan.resizehint`, in :attr:`PackResult.hints`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,15 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .config import DEFAULT_SHARD_SIZE, PackConfig, PackHooks, PackResult
+from .config import DEFAULT_SHARD_SIZE, PackConfig
 from .engines.engine import Engine, make_engine
 from .engines.pool import Progress
 from .format.formats import main_format
@@ -56,7 +58,7 @@ from .write.destination import (
 from .write.failures import explained
 from .write.resume import changed_shards
 from .write.safefs import is_regular, make_dirs, remove, write_atomic
-from .write.shard import GatherTask, ShardRecord, gather, write_shard
+from .write.shard import GatherTask, ShardRecord, gather, stored_image, write_shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackConfig", "PackHooks", "PackResult", "check_source", "pack"]
 
@@ -66,6 +68,56 @@ log = logging.getLogger(__name__)
 _BUCKETS = "buckets"
 _GATHER_FILES = 1 << 16
 _GATHER_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackHooks:
+    """Where a destination other than the output directory plugs in (see :mod:`.remote.upload`).
+
+    Attributes:
+        stored: Asked about a shard recorded as finished whose file is not in the output directory;
+            True when it is stored elsewhere (uploaded), so it counts as done without a re-hash.
+        on_shard: Called with the path and record of each shard this run writes, once both are
+            committed, in the order they finish.
+
+    """
+
+    stored: Callable[[ShardRecord], bool] = lambda record: False
+    on_shard: Callable[[Path, ShardRecord], None] = lambda path, record: None
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What a ``pack`` run did (``dst`` is a URL for a remote destination).
+
+    ``split`` is the first split the run packed, ``splits`` all of them (one unless the tree was
+    split); ``read_order`` how the tree was read (``disk`` or ``plan``). ``hints`` holds, for each
+    split of images much larger than training uses, what ``--resize`` would save (:mod:`.plan.resizehint`).
+    """
+
+    dst: Path | str
+    split: str
+    manifest: Manifest
+    shards_written: int
+    shards_reused: int
+    seconds: float
+    splits: tuple[str, ...] = ()
+    read_order: str = ReadOrder.DISK.value
+    engine: str = "pool"
+    nodes: dict[str, int] = field(default_factory=dict)
+    retried: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    hints: dict[str, ResizeHint] = field(default_factory=dict)
+
+    @property
+    def info(self) -> SplitInfo:
+        """The (first) packed split, as recorded in the index."""
+        return self.manifest.split(self.split)
+
+    @property
+    def infos(self) -> list[SplitInfo]:
+        """Every split this run packed, as recorded in the index."""
+        return [self.manifest.split(name) for name in self.splits or (self.split,)]
 
 
 def pack(
@@ -231,6 +283,7 @@ def _hints(
         hint = resize_hint(
             part.scan,
             _sizes(records),
+            store=stored_image,  # the writer's re-encode: what --resize would store
             resize=config.resize,
             image_format=_image_format(config, part.scan),
             max_pixels=config.max_pixels,

@@ -1,6 +1,6 @@
 """Engines: where ``pack``'s shard tasks run.
 
-    engine     the Engine protocol, the engine names (ENGINES) and make_engine; the local PoolEngine
+    engine     the Engine protocol and make_engine (the names: config.ENGINES); the local PoolEngine
     pool       the local process pool: its workers, their count, the shared progress counter
     rayengine  Ray Core tasks across a cluster's machines (imported only when ``engine="ray"``)
 

@@ -20,16 +20,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
+from ..config import ENGINES
 from ..format.errors import EngineError
 from .pool import Progress, run_tasks, shared_counter, start_pool, worker_count, worker_state
 
-__all__ = ["ENGINES", "Engine", "PoolEngine", "make_engine"]
+__all__ = ["ENGINES", "Engine", "PoolEngine", "make_engine"]  # ENGINES: PackConfig.engine's, the config's
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-# The engines ``pack`` runs on (PackConfig.engine, ``--engine``): make_engine makes each.
-ENGINES = ("pool", "ray")
 
 
 class Engine(Protocol):

@@ -66,8 +66,7 @@ from .locate import (
     shown_cause,
 )
 from .remotefs import no_credentials, one_line
-from .tablefiles import FIXED_TABLES, TableFile
-from .tables import TABLES
+from .tables import FIXED_TABLES, TABLES, TableFile
 from .validate import (
     MAX_INDEX_BYTES,
     check_index,

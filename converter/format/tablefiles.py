@@ -43,7 +43,6 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,13 +55,14 @@ from .tables import (
     FIXED_TABLES,
     MAX_SOURCE_BYTES,
     TABLES,
+    TableFile,
     decode_sources,
     decode_table,
     max_sources_bytes,
 )
 from .validate import open_regular
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the index's, which names these files (and imports nothing of this module)
     from .manifest import SplitInfo
 
 __all__ = [
@@ -128,19 +128,6 @@ def _paths(raw: bytes, samples: int) -> list[str]:
     if paths and (min(map(len, paths)) == 0 or max(map(len, paths)) > MAX_SOURCE_BYTES):
         raise ValueError(f"a path empty or over {MAX_SOURCE_BYTES} characters")
     return paths
-
-
-@dataclass(frozen=True)
-class TableFile:
-    """One table file of a split, as ``index.json`` names it: its name at the root, size and sha256."""
-
-    name: str
-    bytes: int
-    sha256: str
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the JSON form written into the index."""
-        return {"file": self.name, "bytes": self.bytes, "sha256": self.sha256}
 
 
 class SplitTables:

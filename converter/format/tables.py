@@ -36,7 +36,9 @@ import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 __all__ = [
     "BLOCK",
@@ -44,6 +46,7 @@ __all__ = [
     "FIXED_TABLES",
     "MAX_SOURCE_BYTES",
     "TABLES",
+    "TableFile",
     "decode_sources",
     "decode_table",
     "encode_sources",
@@ -64,6 +67,23 @@ TABLES = ("offsets", "labels", "keys", "sources")  # a shard's tables, in the in
 FIXED_TABLES = ("starts", "labels", "keys")
 ENTRY_BYTES = 4
 _ITEM = "I" if array("I").itemsize == 4 else "L"  # 32 bits: "I" on every platform CPython runs on
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """One table file of a split (format 2, :mod:`.tablefiles`), as ``index.json`` names it.
+
+    Its name at the dataset's root, size and sha256. Here, beside the tables' names, for
+    :mod:`.manifest`, which reads it from the index, and :mod:`.tablefiles`, which reads the file.
+    """
+
+    name: str
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form written into the index."""
+        return {"file": self.name, "bytes": self.bytes, "sha256": self.sha256}
 
 
 def encode_table(values: Sequence[int]) -> str:

@@ -4,8 +4,9 @@ A phone's 12 MP photo costs the loader tens of milliseconds an image, though a t
 ends as 224x224 pixels; stored at ``--resize 512`` it costs a millisecond or two. ``pack`` does not
 guess that ratio: when a split packed without ``--resize`` has a median image whose shorter side is
 at least :data:`MUCH_LARGER` times :data:`SUGGESTED_RESIZE`, it takes :data:`SAMPLED` of its images,
-spread over the split, makes of each what ``--resize 512`` would store (:func:`~.write.shard.stored_image`,
-the writer's own re-encode), and times what the loader's ``train`` preset at 224 does to both.
+spread over the split, makes of each what ``--resize 512`` would store (``store``: the writer's own
+re-encode, :func:`~.write.shard.stored_image`, handed in by :mod:`.pack`), and times what the
+loader's ``train`` preset at 224 does to both.
 
 The model of the loader, with Pillow alone (the converter imports no torch and no loader): a view
 is drawn as ``RandomResizedCrop(224)`` draws it; a JPEG whose shorter side is at least twice 224 is
@@ -32,23 +33,33 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from PIL import Image
 
+from ..config import Check
 from ..format.imageformats import JPEG
 from ..format.imagesizes import SizeStats, size_key
-from ..scan.check import Check
+from ..scan.check import Inspection
 from ..scan.sourcefiles import read_file
-from ..scan.tree import ScanResult
-from ..write.shard import stored_image
+from ..scan.tree import Reject, ScanResult
 
 # The loader decodes at 1/2 only images of this many pixels or more (loader/image/scaled.py, where
 # it is measured); the converter does not import the loader, so the figure is repeated here and
 # tests/converter/plan/test_resizehint.py holds the two equal.
 HALF_FROM_PIXELS = 1 << 20
 
-__all__ = ["MUCH_LARGER", "REPEATS", "SAMPLED", "SUGGESTED_RESIZE", "TRAIN_SIZE", "ResizeHint", "resize_hint"]
+__all__ = [
+    "MUCH_LARGER",
+    "REPEATS",
+    "SAMPLED",
+    "SUGGESTED_RESIZE",
+    "TRAIN_SIZE",
+    "ResizeHint",
+    "StoredImage",
+    "resize_hint",
+]
 
 SUGGESTED_RESIZE = 512  # the --resize the line suggests: room for RandomResizedCrop(224) and eval's 256
 TRAIN_SIZE = 224  # the train preset's output, the view the estimate times
@@ -57,6 +68,11 @@ SAMPLED = 16
 REPEATS = 1
 T = TypeVar("T")
 R = TypeVar("R")
+
+# What a shard stores for a source file (rel, data, check=, max_pixels=, resize=, quality=,
+# image_format=): the bytes, their verdict and conversions, or why it is rejected. The writer's
+# (write/ is a later stage than plan/, so pack hands it in).
+StoredImage = Callable[..., Reject | tuple[bytes, Inspection, tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,7 @@ def resize_hint(
     scan: ScanResult,
     stats: SizeStats | None,
     *,
+    store: StoredImage,
     resize: int | None,
     image_format: str | None,
     max_pixels: int | None = None,
@@ -104,14 +121,15 @@ def resize_hint(
     ``None``: the split was packed with ``resize``, its sizes are unknown, or its median image is
     not :data:`MUCH_LARGER` times the suggested size (nor is it measured then: it costs nothing).
     ``image_format`` is the split's one format (``None``: each image's own), as the shards store it.
-    ``executor`` makes the sampled images' two forms (default: this thread); they are timed here.
+    ``store`` makes what a shard stores of an image, as the writer does. ``executor`` makes the sampled
+    images' two forms (default: this thread); they are timed here.
     """
     if resize is not None or stats is None or stats.median_shorter < MUCH_LARGER * SUGGESTED_RESIZE:
         return None
     picked = _spread(len(scan), SAMPLED)
     files = [(str(scan.root), scan.paths[at], int(scan.sizes[at]), image_format, max_pixels) for at in picked]
     # Re-encoding a 12 MP photo costs more than timing it: on the pack's workers, in parallel.
-    pairs = [pair for pair in (executor or _Serial()).map(_forms, files) if pair is not None]
+    pairs = [pair for pair in (executor or _Serial()).map(partial(_forms, store), files) if pair is not None]
     if not pairs:
         return None
     as_packed = resized = 0.0
@@ -121,14 +139,16 @@ def resize_hint(
     return ResizeHint(SUGGESTED_RESIZE, as_packed / resized if resized else 1.0, len(pairs), stats.median)
 
 
-def _forms(file: tuple[str, str, int, str | None, int | None]) -> tuple[bytes, bytes] | None:
+def _forms(
+    store: StoredImage, file: tuple[str, str, int, str | None, int | None]
+) -> tuple[bytes, bytes] | None:
     """What a shard stores for a file, as packed and at the suggested ``--resize``; ``None``: rejected."""
     root, rel, size, image_format, max_pixels = file
     data = read_file(os.path.join(root, rel), size)
     if isinstance(data, OSError):
         return None
     forms = [
-        stored_image(
+        store(
             rel,
             data,
             check=Check.HEADER,

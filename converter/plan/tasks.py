@@ -8,18 +8,44 @@ makes a run's output byte-identical whoever writes its shards, and resumable by 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import PackConfig
+import numpy as np
+
+from ..config import Check, PackConfig
 from ..format.errors import SourceError, SplitFileError
-from ..scan.check import Check
-from ..scan.tree import ScanResult
-from ..write.shard import ShardTask
+from ..scan.tree import PathTable, ScanResult
 from .shards import Plan, make_plan, shard_name
 from .splits import Part, split_by_file, split_stratified, whole
 
-__all__ = ["plan_part", "shard_task", "split_names", "split_parts"]
+__all__ = ["ShardTask", "plan_part", "shard_task", "split_names", "split_parts"]
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything a worker needs to write one shard, from its buckets or (``src`` set) from the tree.
+
+    ``image_format`` is the split's one image format (``"jpg"``, ``"png"``); ``None`` keeps each
+    image's own.
+    """
+
+    index: int
+    name: str
+    dst: str
+    buckets: tuple[str, ...]
+    paths: PathTable
+    labels: np.ndarray
+    keys: np.ndarray
+    classes: tuple[str, ...]
+    key_width: int
+    check: Check
+    resize: int | None
+    quality: int
+    image_format: str | None = None
+    src: str | None = None
+    sizes: np.ndarray | None = None
+    max_pixels: int | None = None
 
 
 def split_names(config: PackConfig, listed: dict[str, list[str]] | None) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ Order of the writes, so that no reader ever follows the index to a shard that is
 3. once every shard is up: shards of the split that the plan no longer names are removed, then the
    rejects file, the split's table files (index format 2; those of other splits of a format-1
    index too, written from that index), ``_info.json``, and ``index.json`` last; then the table
-   files the index no longer names are removed (:func:`~.indexurl.put_index`).
+   files the index no longer names are removed (:func:`~..write.indexurl.put_index`).
 
 Uploads are atomic: an object store (S3, GCS, Azure) makes a PUT (multipart included) visible whole
 under its name or not at all; on other file systems a file is uploaded under a hidden temporary
@@ -48,13 +48,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..config import PackConfig, PackHooks, PackResult
+from ..config import PackConfig
 from ..format.errors import DestinationError, ImgshardsError, ManifestError, SourceError
 from ..format.locate import redact_url, shown_cause
 from ..format.manifest import INDEX_NAME, Manifest, ShardInfo, TableFile, read_manifest
 from ..format.remotefs import DEFAULT_TIMEOUT, Remote, one_line, with_timeouts
 from ..format.tablefiles import SplitTables
-from ..pack import pack
+from ..pack import PackHooks, PackResult, pack
 from ..scan.tree import split_tree_error, tree_warnings
 from ..shards.verify import (
     VerifyReport,
@@ -68,10 +68,10 @@ from ..shards.verify import (
     usable_tables,
 )
 from ..write.destination import STATE_DIR
+from ..write.indexurl import put_index
 from ..write.safefs import make_dirs, remove, write_atomic
 from ..write.shard import ShardRecord
 from ..write.tablefiles import index_to_write
-from .indexurl import put_index
 
 __all__ = ["pack_to_url", "verify_url"]
 

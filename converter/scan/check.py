@@ -22,7 +22,6 @@ Three levels (``--check``):
 
 from __future__ import annotations
 
-import enum
 import io
 import struct
 import warnings
@@ -30,20 +29,13 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from ..config import Check
 from ..format.formats import HEIF_EXTRA, heif_opener
 from ..format.headers import JpegError, oversized, pixel_excess, too_many_scans, walk_jpeg
 from ..format.imageformats import BMP, HEIC, JPEG, PNG, WEBP, member_name, sniff, unsupported_format
 from .reasons import Reason
 
-__all__ = ["Check", "Inspection", "inspect_image"]
-
-
-class Check(str, enum.Enum):
-    """How thoroughly ``pack`` checks each input file."""
-
-    NONE = "none"
-    HEADER = "header"
-    FULL = "full"
+__all__ = ["Check", "Inspection", "inspect_image"]  # Check: the setting, the config's (re-exported)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import enum
 import mmap
 import os
 import sys
@@ -21,21 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from ..config import ReadOrder
 from .tree import ScanResult
 
-__all__ = ["ReadOrder", "cached_share", "choose_read_order"]
+__all__ = ["ReadOrder", "cached_share", "choose_read_order"]  # ReadOrder: the setting, the config's
 
 _PROBE_FILES = 256
 _PROBE_BYTES = 1 << 20
 _WARM_SHARE = 0.9
-
-
-class ReadOrder(str, enum.Enum):
-    """How ``pack`` reads the tree (``--read-order``)."""
-
-    AUTO = "auto"
-    DISK = "disk"
-    PLAN = "plan"
 
 
 def _libc() -> Any:

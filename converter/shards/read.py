@@ -39,8 +39,8 @@ from ..format.tables import BLOCK, MAX_SOURCE_BYTES, encode_sources, encode_tabl
 from ..format.tarsamples import checked_samples, shown
 from ..format.tarstream import TarStream, stream_end
 from ..format.validate import check_name, open_regular
-from ..remote.indexurl import write_index_url
 from ..write.destination import update_index
+from ..write.indexurl import write_index_url
 from ..write.tablefiles import TABLE_FILE
 from .verify import HashingReader
 

@@ -4,7 +4,7 @@ Format 1 held every shard's tables inside ``index.json`` (base64); format 2 keep
 named by their content beside the shards (:mod:`..format.tablefiles`). The upgrade writes each
 split's tables as files from the index alone (:func:`~..write.tablefiles.as_format2`, a shard's
 entries at a time), then the new index: locally under the index lock every writer takes
-(:func:`~..write.destination.update_index`), at a URL uploaded as :func:`~..remote.indexurl.write_index_url`
+(:func:`~..write.destination.update_index`), at a URL uploaded as :func:`~..write.indexurl.write_index_url`
 does (the table files first, ``index.json`` last). The tables are the bytes a pack of the same
 shards writes. An index already of format 2 is left as it is.
 """
@@ -21,8 +21,8 @@ from ..format.errors import ManifestError
 from ..format.locate import no_index
 from ..format.manifest import FORMAT_VERSION, INDEX_NAME, Manifest, is_url, local_path, read_manifest
 from ..format.remotefs import DEFAULT_TIMEOUT, Remote, with_timeouts
-from ..remote.indexurl import write_index_url
 from ..write.destination import update_index
+from ..write.indexurl import write_index_url
 
 __all__ = ["UpgradeResult", "upgrade_index"]
 

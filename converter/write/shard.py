@@ -34,11 +34,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from PIL import Image
 
+from ..config import Check
 from ..engines.pool import add_progress
 from ..format.formats import ALWAYS_CONVERTED, convert_image, jpeg_ready, orientation, upright
 from ..format.headers import oversized, pixel_excess
@@ -46,7 +47,7 @@ from ..format.imageformats import JPEG
 from ..format.imagesizes import size_key
 from ..format.tables import BLOCK, TABLES, encode_sources, encode_table, key_digest
 from ..format.tarwriter import TarWriter
-from ..scan.check import Check, Inspection, inspect_image
+from ..scan.check import Inspection, inspect_image
 from ..scan.reasons import Reason
 from ..scan.sourcefiles import read_ahead, read_file, reason_of
 from ..scan.tree import PathTable, Reject
@@ -54,7 +55,10 @@ from .attempts import attempt_path
 from .resume import combined_digest, file_digest
 from .safefs import create, open_file, remove, write_atomic
 
-__all__ = ["GatherTask", "ShardRecord", "ShardTask", "gather", "stored_image", "write_atomic", "write_shard"]
+if TYPE_CHECKING:  # the plan's (plan.tasks makes each); this stage only reads one
+    from ..plan.tasks import ShardTask
+
+__all__ = ["GatherTask", "ShardRecord", "gather", "stored_image", "write_atomic", "write_shard"]
 
 # A bucket record: position in the shard, payload length, errno (0: the payload is the file's bytes;
 # otherwise the file could not be read and the payload is the error message).
@@ -73,32 +77,6 @@ class GatherTask:
     shards: np.ndarray
     slots: np.ndarray
     dst: str | None = None  # the destination above ``buckets``: walked from there without links
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """Everything a worker needs to write one shard, from its buckets or (``src`` set) from the tree.
-
-    ``image_format`` is the split's one image format (``"jpg"``, ``"png"``); ``None`` keeps each
-    image's own.
-    """
-
-    index: int
-    name: str
-    dst: str
-    buckets: tuple[str, ...]
-    paths: PathTable
-    labels: np.ndarray
-    keys: np.ndarray
-    classes: tuple[str, ...]
-    key_width: int
-    check: Check
-    resize: int | None
-    quality: int
-    image_format: str | None = None
-    src: str | None = None
-    sizes: np.ndarray | None = None
-    max_pixels: int | None = None
 
 
 @dataclass(frozen=True)

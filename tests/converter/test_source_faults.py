@@ -27,9 +27,10 @@ from PIL import Image
 from imgshards.cli.main import cli
 from imgshards.converter import Check, PackConfig, Reason, SourceError, pack, scan_tree
 from imgshards.converter.format.errors import PackError, shown
+from imgshards.converter.plan.tasks import ShardTask
 from imgshards.converter.scan.sourcefiles import read_bound, read_file
 from imgshards.converter.scan.tree import PathTable
-from imgshards.converter.write.shard import GatherTask, ShardTask, gather, write_shard
+from imgshards.converter.write.shard import GatherTask, gather, write_shard
 
 ESC = "\x1b[31mred\x1b[0m"
 

@@ -1,7 +1,7 @@
 """``imgshards index``: an index for shards that webdataset's ShardWriter wrote, read, never written.
 
 Through the library and the command (cli/index.py); at a URL, the index is written by
-converter/remote/indexurl.py.
+converter/write/indexurl.py.
 """
 
 import hashlib

@@ -1,11 +1,13 @@
 """Write a dataset's index at a URL: its table files, ``_info.json``, then ``index.json``, as a pack ends.
 
-Apart from the upload (:mod:`.upload`), which runs a whole pack: ``index`` and ``index --upgrade``
-write the index of shards already at a URL with this alone. The table files (index format 2,
-:mod:`..format.tablefiles`) are written into a local directory first (:func:`~..write.tablefiles.as_format2`)
-and uploaded from there before the index that names them, so a reader never follows the index to a
-table that is not whole; the table files the new index no longer names are removed once it is up.
-There is no lock at a URL: write one split into it at a time.
+The upload (:mod:`..remote.upload`), which runs a whole pack, ends with :func:`put_index`; ``index``
+and ``index --upgrade`` (:mod:`..shards`) write the index of shards already at a URL with this alone.
+The table files (index format 2, :mod:`..format.tablefiles`) are written into a local directory
+first (:func:`~.tablefiles.as_format2`) and uploaded from there before the index that names them,
+so a reader never follows the index to a table that is not whole; the table files the new index no
+longer names are removed once it is up. There is no lock at a URL: write one split into it at a
+time. Here, in write/, beside the local index's one writer (:func:`~.destination.update_index`):
+the shards stage (``index``, ``upgrade``) writes through it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from ..format.errors import DestinationError
 from ..format.manifest import INDEX_NAME, TIMM_INFO_NAME, Manifest
 from ..format.remotefs import DEFAULT_TIMEOUT, Remote, with_timeouts
-from ..write.tablefiles import TABLE_FILE, index_to_write
+from .tablefiles import TABLE_FILE, index_to_write
 
 __all__ = ["put_index", "write_index_url"]
 
