@@ -2,23 +2,20 @@
 
 The camera-like tree is made here, not cut from ``../shared``'s photos: 20 JPEGs of 4000x3000 and
 3000x4000, smooth fields under a fine grain at quality 90, which cost about what a phone's photo
-costs to decode (~70 ms whole, ~3 MB). The estimate is checked against what the loader itself
-measures on the same tree, packed as it is and with ``--resize 512``.
+costs to decode (~70 ms whole, ~3 MB), made by bench/resize_hint.py, which also times the estimate
+against what the loader itself measures on the same tree, packed as it is and with ``--resize 512``.
 """
 
 from __future__ import annotations
 
-import io
+import importlib.util
 import json
 import re
 import shutil
-import statistics
-import time
+import types
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 from PIL import Image
 
@@ -27,36 +24,22 @@ from imgshards.converter import ManifestError, PackConfig, pack, read_manifest
 from imgshards.converter.format.imagesizes import SizeStats, size_stats
 from imgshards.converter.plan.resizehint import HALF_FROM_PIXELS, SAMPLED
 
-LANDSCAPE, PORTRAIT = 14, 6
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def photo(seed: int, width: int, height: int) -> bytes:
-    """A JPEG that decodes like a photo: low-frequency colour fields, a grain on top, quality 90."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height:8, 0:width:8].astype(np.float32)
-    fx, fy, phase = rng.uniform(1, 6, (3, 3))
-    field = 128 + 60 * np.sin(x[..., None] / width * fx * 6.28 + phase) * np.cos(
-        y[..., None] / height * fy * 6.28
-    )
-    base = Image.fromarray(field.astype(np.uint8)).resize((width, height), Image.Resampling.BILINEAR)
-    tile = rng.integers(-8, 9, (250, 250, 1), dtype=np.int16)
-    grain = np.tile(tile, (height // 250 + 1, width // 250 + 1, 1))[:height, :width]
-    pixels = (np.asarray(base, dtype=np.int16) + grain).clip(0, 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=90)
-    return out.getvalue()
+def _bench() -> types.ModuleType:
+    """bench/resize_hint.py, which makes the photos and times the estimate against the loader."""
+    spec = importlib.util.spec_from_file_location("bench_resize_hint", ROOT / "bench" / "resize_hint.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def camera_tree(tmp_path_factory) -> Path:
     """Two classes of 10 camera-size photos: 14 landscape 4000x3000, 6 portrait 3000x4000."""
-    root = tmp_path_factory.mktemp("camera")
-    for i in range(LANDSCAPE + PORTRAIT):
-        size = (4000, 3000) if i < LANDSCAPE else (3000, 4000)
-        folder = root / ("beach" if i % 2 else "city")
-        folder.mkdir(exist_ok=True)
-        (folder / f"IMG_{i:04d}.jpg").write_bytes(photo(i, *size))
-    return root
+    return _bench().camera_tree(tmp_path_factory.mktemp("camera"))
 
 
 def cli_run(*args: str) -> str:
@@ -65,53 +48,21 @@ def cli_run(*args: str) -> str:
     return result.output
 
 
-def loader_ms(dst: Path) -> float:
-    """CPU ms an image of the ``train`` preset at 224 over the whole split, in this process: the least
-    of 5 epochs after one to warm up (a busy machine only adds time; a median of 3 still drifted 20%)."""
-    from imgshards.loader import ShardDataset
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in a DataLoader worker
-    ds = ShardDataset(dst, mode="train", batch_size=10)
-    try:
-        runs = []
-        for epoch in range(6):  # the first warms up (imports, caches), untimed
-            ds.set_epoch(epoch)
-            images, started = 0, time.process_time()
-            for _, labels in ds:
-                images += len(labels)
-            runs.append((time.process_time() - started) * 1000 / images)
-    finally:
-        torch.set_num_threads(threads)
-    return min(runs[1:])
-
-
 HINT = re.compile(
     r"median 4000x3000 \(~12 MP\) for 224 px training views: --resize 512 would store <= 512 px and "
     rf"load ~(\d+)x faster \(timed on {SAMPLED} of these images\)"
 )
 
 
-@pytest.mark.exclusive  # times it
-def test_pack_prints_sizes_and_an_estimate_within_30_percent_of_the_loaders_speedup(camera_tree, tmp_path):
+def test_pack_prints_sizes_and_an_estimate(camera_tree, tmp_path):
+    # How close the estimate comes to the loader's own figure is a bench's: bench/resize_hint.py.
     out = cli_run("pack", str(camera_tree), str(tmp_path / "as-is"), "--workers", "2")
     assert "  image sizes: median 4000x3000, 95th percentile 4000x3000 (20 images)\n" in out
     (line,) = [line for line in out.splitlines() if HINT.fullmatch(line.strip())]
+    assert int(HINT.fullmatch(line.strip()).group(1)) > 3
     resized = cli_run("pack", str(camera_tree), str(tmp_path / "r512"), "--workers", "2", "--resize", "512")
     assert "image sizes: median 683x512, 95th percentile 683x512 (20 images)" in resized
     assert "--resize" not in resized  # given: nothing to suggest
-
-    # Both sides time a few images on a machine that may be busy (each drifted 15% in a CI run while
-    # another process ran): the median of three estimates, against the loader's median epochs.
-    estimate = statistics.median(
-        json.loads(cli_run("pack", str(camera_tree), str(tmp_path / "as-is"), "--workers", "2", "--json"))[
-            "splits"
-        ]["train"]["resize_hint"]["speedup"]
-        for _ in range(3)
-    )
-    actual = loader_ms(tmp_path / "as-is") / loader_ms(tmp_path / "r512")
-    assert 0.7 <= estimate / actual <= 1.3, f"estimated {estimate:.1f}x, the loader measured {actual:.1f}x"
-    assert int(HINT.fullmatch(line.strip()).group(1)) == pytest.approx(actual, rel=0.4)  # the printed one too
 
 
 def test_json_and_info_show_the_sizes_and_the_estimate(camera_tree, tmp_path):
