@@ -30,7 +30,13 @@ DECODE_ON = ("workers", "cpu", "cuda")  # imgshards.loader.profiling.devicerun.D
 DEFAULT_SECONDS = 20.0
 
 
-class WorkerCounts(click.ParamType):
+if TYPE_CHECKING:  # click's ParamType is generic from 8.4: the floor, 8.1, cannot subscript it
+    _CountsParam = click.ParamType[tuple[int, ...]]
+else:
+    _CountsParam = click.ParamType
+
+
+class WorkerCounts(_CountsParam):
     """Worker counts written ``1,2,4``."""
 
     name = "counts"

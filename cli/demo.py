@@ -153,7 +153,8 @@ def _load(shards: Path) -> dict[str, Any]:
 
 def _first_line(said: object) -> str:
     """The first line of an error or a warning, safe to print."""
-    return shown((str(said).strip().splitlines() or [""])[0])
+    line: str = shown((str(said).strip().splitlines() or [""])[0])
+    return line
 
 
 def _rejects(dst: Path | str, infos: list[SplitInfo]) -> dict[str, list[str]]:

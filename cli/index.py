@@ -64,14 +64,19 @@ __all__ = ["index"]
 @click.pass_context
 def index(
     ctx: click.Context,
+    /,
     dst: Path | str,
+    split: str,
+    shards: str,
+    label_field: str | None,
     classes_file: Path | None,
+    overwrite: bool,
+    workers: int | None,
     progress: bool | None,
     as_json: bool,
     quiet: bool,
     upgrade: bool,
     storage_options: dict[str, object],
-    **options: object,
 ) -> None:
     """Write index.json for WebDataset shards in DST (directory or URL) that another tool wrote.
 
@@ -94,9 +99,13 @@ def index(
         return
     try:
         config = IndexConfig(
+            split=split,
+            shards=shards,
+            label_field=label_field,
             classes=read_classes(classes_file) if classes_file else None,
+            overwrite=overwrite,
+            workers=workers,
             progress=(not quiet and sys.stderr.isatty()) if progress is None else progress,
-            **options,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -32,7 +32,13 @@ _UNITS = {
 _FORMS = "256MB, 1GiB, 500kB or 30000B (units B, kB, MB, GB, TB of 1000; KiB, MiB, GiB, TiB of 1024)"
 
 
-class ByteSize(click.ParamType):
+if TYPE_CHECKING:  # click's ParamType is generic from 8.4: the floor, 8.1, cannot subscript it
+    _SizeParam = click.ParamType[int]
+else:
+    _SizeParam = click.ParamType
+
+
+class ByteSize(_SizeParam):
     """A size in bytes with its unit: ``256MB``, ``1GiB``, ``500k``, ``30000B``.
 
     A number alone is refused: ``--shard-size 10`` meant 10 MB far more often than 10 bytes (which

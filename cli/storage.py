@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -17,7 +17,13 @@ __all__ = ["PathOrURL", "dataset_dir", "join", "storage_option", "timeout_option
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class PathOrURL(click.ParamType):
+if TYPE_CHECKING:  # click's ParamType is generic from 8.4: the floor, 8.1, cannot subscript it
+    _PathParam = click.ParamType[Path | str]
+else:
+    _PathParam = click.ParamType
+
+
+class PathOrURL(_PathParam):
     """A local directory (as ``click.Path``) or an fsspec URL, kept as a string.
 
     With ``file_okay``, a file passes too, for the command to say what it is (``info`` on a shard

@@ -170,7 +170,7 @@ class RayEngine:
             raise EngineError("the Ray cluster has no CPU to run tasks on; add a node with `ray start`")
         self.window = 2 * cpus
         self._executor = RayExecutor(self.window)
-        self._in_flight: dict[ray.ObjectRef, Any] = {}
+        self._in_flight: dict[ray.ObjectRef[tuple[Any, str]], Any] = {}  # a task's (result, node) -> task
 
     def executor(self) -> Executor:
         """Ray tasks, ``window`` at a time."""

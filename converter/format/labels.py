@@ -53,9 +53,8 @@ def label_value(data: bytes, member: str, field: str | None = None) -> int | str
         held = sorted(doc)[:8] if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"no field {field!r} in its .json (it holds {held})")
     value = doc[field]
-    usable = (isinstance(value, str) and value != "") or (
-        isinstance(value, int) and not isinstance(value, bool)
-    )
-    if not usable or (isinstance(value, int) and value < 0):
-        raise ValueError(f"a .json field {field!r} of {str(value)[:80]!r}, not a class id or name")
-    return value
+    if isinstance(value, str) and value != "":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"a .json field {field!r} of {str(value)[:80]!r}, not a class id or name")

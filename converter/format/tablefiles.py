@@ -44,7 +44,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 ENTRY = np.dtype("<u4")  # every fixed-width table: 4-byte little-endian unsigned integers
+_Kept = TypeVar("_Kept", np.ndarray, list[str])  # what a shard's cache holds: entries or source paths
 assert ENTRY.itemsize == ENTRY_BYTES
 _SUFFIX = {"starts": "u32", "labels": "u32", "keys": "u32", "sources": "zlib"}
 # A table of format 1 (:mod:`.tables`) by its format-2 name: "offsets" there is "starts" here.
@@ -170,7 +171,7 @@ class SplitTables:
 
     def _reset(self) -> None:
         self._maps: dict[str, np.ndarray | mmap.mmap] = {}
-        self._cache: dict[str, OrderedDict[int, Any]] = {}
+        self._cache: dict[str, OrderedDict[int, np.ndarray | list[str]]] = {}
         self._checked: dict[str, bytearray] = {}
         self._has: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -273,7 +274,7 @@ class SplitTables:
         if not self.has("sources"):
             return None
         cached = self._cached("sources", s)
-        if cached is not None:
+        if isinstance(cached, list):
             return cached
         shard = self.split.shards[s]
         try:
@@ -300,7 +301,7 @@ class SplitTables:
         if column is not None:
             return column[lo:hi]
         cached = self._cached(table, s)
-        if cached is not None:
+        if isinstance(cached, np.ndarray):
             return cached
         if self.split.tables:  # a URL: the shard's range of the file
             data = self._bytes(table, lo * ENTRY.itemsize, hi * ENTRY.itemsize)
@@ -374,14 +375,14 @@ class SplitTables:
             raise ManifestError(f"{self.where}: no way to read table {table} (neither a directory nor a URL)")
         return self.fetch(entry, lo, hi)
 
-    def _cached(self, table: str, s: int) -> Any:
+    def _cached(self, table: str, s: int) -> np.ndarray | list[str] | None:
         cache = self._cache.get(table)
         if cache is None or s not in cache:
             return None
         cache.move_to_end(s)
         return cache[s]
 
-    def _keep(self, table: str, s: int, value: Any) -> Any:
+    def _keep(self, table: str, s: int, value: _Kept) -> _Kept:
         cache = self._cache.setdefault(table, OrderedDict())
         cache[s] = value
         while len(cache) > _CACHED_SHARDS:

@@ -78,9 +78,9 @@ def _png_header(data: bytes) -> Inspection:
 
 def _declared_length(ext: str, data: bytes) -> int:
     if ext == WEBP.name:
-        return struct.unpack_from("<I", data, 4)[0] + 8
+        return int(struct.unpack_from("<I", data, 4)[0]) + 8
     if ext == BMP.name and len(data) >= 6:
-        return struct.unpack_from("<I", data, 2)[0]  # 0 in some writers: nothing to compare
+        return int(struct.unpack_from("<I", data, 2)[0])  # 0 in some writers: nothing to compare
     return 0
 
 

@@ -177,7 +177,9 @@ def in_index(dst: Path, split: str) -> bool:
         return False
 
 
-def conflict(dst: Path, split: str, previous: dict | None, wanted: dict, leftovers: list[str]) -> str:
+def conflict(
+    dst: Path, split: str, previous: dict[str, Any] | None, wanted: dict[str, Any], leftovers: list[str]
+) -> str:
     if previous is None and leftovers:
         n = len(leftovers)
         return (

@@ -93,7 +93,7 @@ def augment_batch(images: Sequence[torch.Tensor], views: Sequence[View], preset:
     device = images[0].device
     canvas, boxes = _canvas(images, views)
     size = preset.size
-    out = roi_align(
+    out: torch.Tensor = roi_align(
         canvas, boxes, output_size=(size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True
     )
     out = out.round_().clamp_(0, 255)  # the per-image resize's uint8 output

@@ -103,7 +103,10 @@ def _by_torchvision() -> JpegDecode:
         buffer = data if isinstance(data, bytearray) else bytearray(data)  # it wants a writable buffer
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            return vision_decode_jpeg(torch.frombuffer(buffer, dtype=torch.uint8), mode=ImageReadMode.RGB)
+            image: torch.Tensor = vision_decode_jpeg(
+                torch.frombuffer(buffer, dtype=torch.uint8), mode=ImageReadMode.RGB
+            )
+            return image
 
     return by_torchvision
 
@@ -206,7 +209,8 @@ def _too_costly(data: bytes | bytearray | memoryview) -> str | None:
     Pixels as the header declares them, every frame of a GIF and every page of a TIFF included, or
     a format whose size is known only by decoding it (:func:`~imgshards.converter.format.headers.oversized`).
     """
-    return oversized(data) or too_many_scans(data)
+    why: str | None = oversized(data) or too_many_scans(data)
+    return why
 
 
 class _Refused(Exception):
@@ -360,7 +364,7 @@ def _as_packed(im: Image.Image, turn: int) -> Image.Image:
     Transparency on white (in pack's order: before deep gray is scaled), deep gray scaled (not
     clipped). An opaque 8-bit image passes on_white and eight_bit as it is: a mode test each, no copy.
     """
-    image = upright(eight_bit(on_white(im)), turn)
+    image: Image.Image = upright(eight_bit(on_white(im)), turn)
     return image.convert("RGB") if image.mode != "RGB" else image
 
 

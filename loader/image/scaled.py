@@ -50,8 +50,8 @@ class ScaledDecoder:
     ) -> None:
         self.preset = preset
         self.half_from = half_from
-        self._decode = decode_timer(self._reduced_decode)
-        self._apply = augment_timer(preset.apply_reduced)
+        self._decode: Callable[[OpenJpeg], tuple[Reduced, View] | None] = decode_timer(self._reduced_decode)
+        self._apply: Callable[[Reduced, View], torch.Tensor] = augment_timer(preset.apply_reduced)
 
     def __call__(self, data: bytes | bytearray | memoryview, ext: str) -> torch.Tensor | None:
         """The transformed image of ``data``, decoded reduced; ``None``: take the usual path."""

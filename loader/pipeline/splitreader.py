@@ -154,7 +154,8 @@ class SplitReader:
     @property
     def root(self) -> str:
         """The dataset's directory or URL (credentials hidden), for messages."""
-        return redact_url(self.source.root)
+        shown_root: str = redact_url(self.source.root)
+        return shown_root
 
     # ---- pickling, forks ---------------------------------------------------------------------------
 
@@ -395,7 +396,7 @@ class SplitReader:
 
     def class_id(self, value: int | str) -> int:
         """The class id of a label value under the split's labels; ValueError naming what is wrong."""
-        target = self.split.labels.class_id(value, self.class_to_idx)
+        target: int = self.split.labels.class_id(value, self.class_to_idx)
         if not 0 <= target < len(self.classes):
             raise ValueError(f"label {target}, outside the index's classes 0..{len(self.classes) - 1}")
         return target

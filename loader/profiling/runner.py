@@ -276,10 +276,14 @@ class _FolderSteps:
 
     def load(self, path: str) -> torch.Tensor:
         _, (read, decode_, _, _) = self._steps()
-        return decode_(read(path), member_name(os.path.splitext(path)[1].lower()), key=path, shard="SRC")
+        image: torch.Tensor = decode_(
+            read(path), member_name(os.path.splitext(path)[1].lower()), key=path, shard="SRC"
+        )
+        return image
 
     def transform(self, image: torch.Tensor) -> torch.Tensor:
-        return self._steps()[1][2](image)
+        out: torch.Tensor = self._steps()[1][2](image)
+        return out
 
     def collate(self, samples: list[tuple[torch.Tensor, int]]) -> Any:
         clock, timed = self._steps()

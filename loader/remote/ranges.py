@@ -142,7 +142,7 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failed try."""
-        return min(self.max_backoff, self.backoff * 2 ** (failures - 1))
+        return min(self.max_backoff, self.backoff * 2.0 ** (failures - 1))
 
     def deadline(self, timeout: float, size: int) -> float:
         """Seconds one request for ``size`` bytes may take in all: ``2 x timeout``, plus ``size`` at MIN_RATE.

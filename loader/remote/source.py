@@ -183,7 +183,8 @@ class ShardSource:
         """Open a shard for reading (see the module docstring for where it is read from)."""
         if not self.remote:
             try:  # a regular file inside the root only: never a FIFO, a device or a link out
-                return open_regular(self.url(shard.name), inside=Path(self.root))
+                f: BinaryIO = open_regular(self.url(shard.name), inside=Path(self.root))
+                return f
             except (FileNotFoundError, PermissionError) as e:  # listed, yet gone or refused: a setup error
                 fix = "copy the shard back, or re-pack the dataset"
                 if isinstance(e, PermissionError):

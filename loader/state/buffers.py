@@ -213,8 +213,10 @@ def new_shared(nbytes: int) -> torch.UntypedStorage:
     if nbytes == 0:  # torch sends an empty storage as such, without shared memory
         return torch.UntypedStorage(0, device="cpu")
     if not _MEMFD or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
-        return torch.UntypedStorage._new_shared(nbytes)
+        shared: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)
+        return shared
     fd = os.memfd_create("imgshards", os.MFD_CLOEXEC)
+    storage: torch.UntypedStorage  # from a private constructor of torch's, which its stubs do not list
     try:
         # The pages now, as torch does: memory that is not there fails here, not as a SIGBUS later.
         os.posix_fallocate(fd, 0, nbytes)
