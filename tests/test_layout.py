@@ -1,17 +1,18 @@
-"""The code stays laid out by concern, so a newcomer can find their way in loader/ (issue 32).
+"""What keeps the code laid out by concern that import-linter's contracts cannot say (issue 51).
 
-- No import cycle in loader/, counting every import: deferred ones (in a function) and those under
-  ``if TYPE_CHECKING:`` too, since each is a dependency a reader has to hold in mind.
-- Layers = folders (issue 45): no import runs back up inside loader/, i.e. no two of its folders (or
-  top-level modules) import each other, however indirectly.
-- The converter apart from the loader and the CLI; the data path apart from the benchmark package.
-- One contract (issue 45): the packed format (the index, the tar reader and writer, the tables) is
-  one sub-package, ``converter/format/``, that imports nothing else of the converter; importing the
-  loader loads none of the packer's modules; and a pack stays byte for byte what it was.
+The import rules are contracts in pyproject.toml (``[tool.importlinter]``), checked by
+``lint-imports`` (docs/layout.md lists them): the layers of cli/, loader/ and converter/ and of the
+folders of each half, the format as the one contract between the halves, the converter apart from
+torch, click, the loader and the CLI, and no import cycle, every import counted (deferred ones, and
+those under ``if TYPE_CHECKING:``). :func:`test_the_contracts_hold` runs it. Here, the rest:
+
+- One contract (issue 45): importing the loader loads none of the packer's modules (converter/'s
+  ``__init__`` resolves its names when they are used: a run, not an import graph), and a pack stays
+  byte for byte what it was.
 - One word per meaning: no identifier with "stage" in it in ``epoch/``, ``state/`` or
   ``profiling/`` (a stage is a pipeline callable); no two loader modules whose names differ by
   one letter (``stream`` beside ``streams``).
-- loader/'s top level at most 14 entries; every package's ``__init__`` says what it holds.
+- loader/'s top level at most 16 entries; every package's ``__init__`` says what it holds.
 - A dataset is a spec and an epoch (issue 39): no ``NotImplementedError`` raised in loader/ (no
   base class with methods to fill in); no module but the dataset's own reads a dataset's private
   attribute.
@@ -21,16 +22,15 @@
 - One place per storage protocol (issue 39): a scheme name (``"s3"``, ``"https://"``) is written in
   the protocol table, converter/format/protocols.py, and in at most one loader module besides; the rest
   reads the table.
-
 - converter/ by stage (issue 45): no chain of imports inside converter/ longer than 8 modules
-  (module-level and deferred imports; not those under ``if TYPE_CHECKING:``, which never run).
+  (module-level and deferred imports; not those under ``if TYPE_CHECKING:``, which never run): a
+  depth, which no contract measures.
 - Tests mirror the code (issue 45): every module of converter/, loader/ and cli/ has its test file,
   ``tests/<folder>/<sub>/test_<module>.py``, or is listed in ``TESTED_BY`` with the test file that
   covers it (one that imports the module or names it); a listing of a module gone, or of one that
   has its own test file now, fails too.
 
-Run as a script, it prints loader/'s import cycles, each import with its line and kind, and
-converter/'s longest import stack::
+Run as a script, it prints converter/'s longest import stack, each import with its line and kind::
 
     python tests/test_layout.py
 """
@@ -42,6 +42,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -74,337 +75,45 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for f in FOLDERS for p in sorted((ROOT / f).rglob("*.py"))}
 
 
-@dataclass(frozen=True)
-class Import:
-    """One import statement's dependency of ``source`` on ``target``."""
+# ---- the contracts (issue 51) --------------------------------------------------------------------
 
-    source: str
-    target: str
-    path: Path
-    line: int
-    kind: str  # "module level", "deferred" (run when a function is called) or "TYPE_CHECKING"
+# The names of the contracts in pyproject.toml, each a rule this file checked by hand before.
+CONTRACTS = (
+    "cli/ over loader/ over converter/",
+    "converter/ by stage, each over the ones it imports",
+    "loader/ by folder, each over the ones it imports",
+    "the loader imports nothing of the converter but its format",
+    "the converter imports no torch, no click, nothing of loader/ or cli/",
+    "no import cycle",
+)
 
-    def __str__(self) -> str:
-        return f"{self.source} -> {self.target}  ({self.path.relative_to(ROOT)}:{self.line}, {self.kind})"
 
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+def test_the_contracts_hold():
+    # CI runs `lint-imports` itself; here so that `pytest` alone says when an import breaks a layer.
+    linter = Path(sys.executable).with_name("lint-imports")
+    if not linter.is_file():
+        pytest.skip(
+            "import-linter is not installed (pip install import-linter): lint-imports checks the layers"
+        )
+    done = subprocess.run(
+        [str(linter), "--no-cache", "--no-logo", str(ROOT / "pyproject.toml")],
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},  # a contract's name and KEPT on one line
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-
-
-class _Imports(ast.NodeVisitor):
-    """Every import of one module, with the kind of place it sits in."""
-
-    def __init__(self) -> None:
-        self.found: list[tuple[ast.Import | ast.ImportFrom, str]] = []
-        self.kind = "module level"
-
-    def _within(self, kind: str, nodes: list[ast.stmt]) -> None:
-        # The outermost place names the kind: a function under TYPE_CHECKING is TYPE_CHECKING, an
-        # `if TYPE_CHECKING:` in a function deferred.
-        outer = self.kind
-        if outer == "module level":
-            self.kind = kind
-        for node in nodes:
-            self.visit(node)
-        self.kind = outer
-
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self._within("deferred", node.body)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_If(self, node: ast.If) -> None:
-        if _is_type_checking(node.test):
-            self._within("TYPE_CHECKING", node.body)
-            self._within(self.kind, node.orelse)
-        else:
-            self.generic_visit(node)
-
-    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
-        self.found.append((node, self.kind))
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        self.visit_Import(node)
-
-
-def _targets(
-    node: ast.Import | ast.ImportFrom, name: str, is_package: bool, modules: dict[str, Path]
-) -> set[str]:
-    """The imgshards modules an import runs, seen from module ``name``.
-
-    ``import a.b.c`` and ``from a.b.c import x`` run ``a``, ``a.b`` and ``a.b.c`` (each package's
-    ``__init__``), and ``a.b.c.x`` too where ``x`` is a module. The importer's own packages are left
-    out (they are loading already), except a package a name is read from: ``from . import x`` where
-    ``x`` is a module depends on ``x`` alone, ``from . import f`` on the package's ``__init__``.
-    """
-    if isinstance(node, ast.Import):
-        dotted = [a.name for a in node.names]
-        named: list[str] = []
-    else:
-        package = name if is_package else name.rpartition(".")[0]
-        base = package
-        for _ in range(node.level - 1):
-            base = base.rpartition(".")[0]
-        base = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
-        dotted = [base]
-        named = [f"{base}.{a.name}" for a in node.names]
-    ancestors = {name.rsplit(".", n)[0] for n in range(name.count(".") + 1)}
-    found = set()
-    for full in dotted:
-        parts = full.split(".")
-        found |= {".".join(parts[:n]) for n in range(1, len(parts) + 1)} - ancestors
-    for full in named:
-        found.add(full if full in modules else full.rpartition(".")[0])
-    return {t for t in found if t in modules and t != name}
-
-
-def _imports() -> list[Import]:
-    """Every import between imgshards modules, wherever it sits in the importing module."""
-    modules = _modules()
-    found = []
-    for name, path in modules.items():
-        visitor = _Imports()
-        visitor.visit(ast.parse(path.read_text(), str(path)))
-        for node, kind in visitor.found:
-            for target in sorted(_targets(node, name, path.name == "__init__.py", modules)):
-                found.append(Import(name, target, path, node.lineno, kind))
-    return found
-
-
-def _import_graph(imports: list[Import] | None = None) -> dict[str, set[str]]:
-    """Module -> imgshards modules it imports, every import counted."""
-    graph: dict[str, set[str]] = {name: set() for name in _modules()}
-    for i in _imports() if imports is None else imports:
-        graph[i.source].add(i.target)
-    return graph
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
-
-
-def _shortest_path(graph: dict[str, set[str]], start: str, goal: str) -> list[str] | None:
-    """The shortest path ``start`` ... ``goal`` (breadth first), or None."""
-    came_from: dict[str, str] = {start: start}
-    frontier = [start]
-    while frontier and goal not in came_from:
-        following = []
-        for node in frontier:
-            for nxt in sorted(graph[node] - came_from.keys()):
-                came_from[nxt] = node
-                following.append(nxt)
-        frontier = following
-    if goal not in came_from:
-        return None
-    path = [goal]
-    while path[-1] != start:
-        path.append(came_from[path[-1]])
-    return path[::-1]
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """For every import on a cycle, the shortest cycle through it; each cycle once (from its least
-    module). So every import that closes a cycle is shown, however short another cycle is."""
-    found = set()
-    for source in sorted(graph):
-        for target in sorted(graph[source]):
-            if (back := _shortest_path(graph, target, source)) is not None:
-                ring = [source, *back[:-1]]
-                least = ring.index(min(ring))
-                found.add((*ring[least:], *ring[:least], ring[least]))
-    return [list(c) for c in sorted(found, key=lambda c: (len(c), c))]
-
-
-def _loader_imports() -> list[Import]:
-    return [i for i in _imports() if i.source.startswith(LOADER) and i.target.startswith(LOADER)]
-
-
-def _describe(cycle: list[str], imports: list[Import]) -> str:
-    lines = [" -> ".join(m.removeprefix(f"{LOADER}.") for m in cycle)]
-    for source, target in pairwise(cycle):
-        lines += [f"    {i}" for i in imports if (i.source, i.target) == (source, target)]
-    return "\n".join(lines)
-
-
-def loader_cycles() -> list[str]:
-    """loader/'s import cycles, each with the imports that close it."""
-    imports = _loader_imports()
-    return [_describe(c, imports) for c in _cycles(_import_graph(imports))]
-
-
-def test_no_import_cycle_in_the_loader():
-    # Counted: deferred imports and those under TYPE_CHECKING. A cycle through the converter or the
-    # CLI cannot be: the converter never imports the loader (below), nothing in loader/ the CLI.
-    imports = _loader_imports()
-    assert any(i.target.startswith(f"{LOADER}.remote") for i in imports if i.source == f"{LOADER}.dataset")
-    cycles = loader_cycles()
-    assert not cycles, "import cycles in loader/ (python tests/test_layout.py):\n" + "\n".join(cycles)
-
-
-def test_no_import_cycle_at_module_level():
-    # The rest of the code: cycles among the imports run when a module loads.
-    graph = _import_graph([i for i in _imports() if i.kind == "module level"])
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
-
-
-def test_the_cycle_finders_find_cycles():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b"}, "b": set()}) is None
-    graph = {"a": {"b", "d"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e", "a"}}
-    assert _cycles(graph) == [["e", "e"], ["a", "d", "a"], ["a", "b", "c", "a"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
-
-
-def _graph_of(files: dict[str, str], tmp_path: Path, monkeypatch) -> dict[str, set[str]]:
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    return {
-        k.removeprefix(f"{LOADER}."): {t.removeprefix(f"{LOADER}.") for t in v}
-        for k, v in _import_graph().items()
-    }
-
-
-def test_every_import_counts(tmp_path, monkeypatch):
-    graph = _graph_of(
-        {
-            "loader/__init__.py": "from .dataset import ShardDataset\n",
-            "loader/dataset.py": "from .pipeline import passes\n",
-            "loader/stages.py": "def f():\n    from .dataset import ShardDataset\n",
-            "loader/pipeline/__init__.py": "",
-            "loader/pipeline/passes.py": (
-                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..decode import decode\n"
-                "from . import runs\nfrom .. import stages\n"
-            ),
-            "loader/pipeline/runs.py": "import imgshards.loader.epoch.order\nfrom . import helper\n",
-            "loader/epoch/__init__.py": "",
-            "loader/epoch/order.py": "",
-            "loader/decode.py": "",
-        },
-        tmp_path,
-        monkeypatch,
-    )
-    assert graph == {
-        "imgshards.loader": {"dataset"},
-        "dataset": {"pipeline", "pipeline.passes"},  # `from .pkg import mod`: the package, the module
-        "stages": {"dataset"},  # deferred
-        "pipeline": set(),
-        "pipeline.passes": {"decode", "pipeline.runs", "stages"},  # TYPE_CHECKING; own package left out
-        "pipeline.runs": {"epoch", "epoch.order", "pipeline"},  # `helper` is no module: a name of pipeline
-        "epoch": set(),
-        "epoch.order": set(),
-        "decode": set(),
-    }
-    assert [c.splitlines()[0] for c in loader_cycles()] == ["dataset -> pipeline.passes -> stages -> dataset"]
-
-
-def _layer(module: str) -> str:
-    """The layer of a loader module: its sub-package, or itself for a module at loader/'s top."""
-    rest = module.removeprefix(f"{LOADER}.")
-    return "loader" if module == LOADER else rest.split(".")[0]
-
-
-def folder_cycles(imports: list[Import] | None = None) -> list[str]:
-    """loader/'s cycles between layers (sub-packages and top-level modules), each with its imports.
-
-    A module-level cycle is a bug; a cycle between folders is a layer that runs back up: the folders
-    stop telling what builds on what (issue 45: ``state/`` imported ``pipeline/collate``).
-    """
-    imports = _loader_imports() if imports is None else imports
-    across = [i for i in imports if _layer(i.source) != _layer(i.target) and i.source != LOADER]
-    graph: dict[str, set[str]] = {}
-    for i in across:
-        graph.setdefault(_layer(i.source), set()).add(_layer(i.target))
-        graph.setdefault(_layer(i.target), set())
-    found = []
-    for cycle in _cycles(graph):
-        lines = [" -> ".join(cycle)]
-        for source, target in pairwise(cycle):
-            lines += [f"    {i}" for i in across if (_layer(i.source), _layer(i.target)) == (source, target)]
-        found.append("\n".join(lines))
-    return found
-
-
-def test_no_import_runs_back_up_in_the_loader():
-    # Layers = folders: one folder builds on others, never on one that builds on it.
-    cycles = folder_cycles()
-    assert not cycles, "loader/ folders importing each other (python tests/test_layout.py):\n" + "\n".join(
-        cycles
-    )
-
-
-def test_the_layer_rule_finds_a_folder_running_back_up(tmp_path, monkeypatch):
-    _graph_of(
-        {
-            "loader/__init__.py": "from .dataset import ShardDataset\n",
-            "loader/dataset.py": "from .state import cursor\n",
-            "loader/state/__init__.py": "",
-            "loader/state/cursor.py": "from ..pipeline.collate import BufferPool\n",
-            "loader/pipeline/__init__.py": "",
-            "loader/pipeline/collate.py": "",
-            "loader/pipeline/passes.py": "from ..state.cursor import Counters\n",
-        },
-        tmp_path,
-        monkeypatch,
-    )
-    # No module cycle (collate imports nothing), but pipeline/ and state/ import each other.
-    assert not loader_cycles()
-    (cycle,) = folder_cycles()
-    assert cycle.splitlines()[0] == "pipeline -> state -> pipeline"
-    assert "loader/state/cursor.py:1" in cycle and "loader/pipeline/passes.py:1" in cycle
-
-
-def test_the_converter_never_imports_the_loader_or_the_cli():
-    wrong = [
-        str(i)
-        for i in _imports()
-        if i.source.startswith("imgshards.converter")
-        and i.target.startswith(("imgshards.loader", "imgshards.cli"))
-    ]
-    assert not wrong, "\n".join(wrong)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in CONTRACTS:  # each still there, under its name, and kept
+        assert re.search(rf"^{re.escape(name)}\s*KEPT", done.stdout, re.M), (
+            f"{name!r} not kept:\n{done.stdout}"
+        )
 
 
 # ---- one contract: the packed format (issue 45) --------------------------------------------------
 
 CONVERTER = "imgshards.converter"
 FORMAT = f"{CONVERTER}.format"
-
-
-def test_the_format_imports_nothing_else_of_the_converter():
-    # converter/format/ is what the loader and the packer share: a module of it that imported the
-    # packer (scan, pack, the engines...) would load that into every loader again.
-    wrong = [
-        str(i)
-        for i in _imports()
-        if (i.source == FORMAT or i.source.startswith(f"{FORMAT}."))
-        and i.target.startswith(CONVERTER)
-        and not (i.target == FORMAT or i.target.startswith(f"{FORMAT}."))
-        and i.target != CONVERTER  # the package's __init__, which runs first and loads nothing
-    ]
-    assert not wrong, "converter/format/ imports the rest of the converter:\n" + "\n".join(wrong)
-    assert any(i.source == f"{FORMAT}.manifest" for i in _imports())  # the rule sees the package
 
 
 def _packer_modules_loaded(code: str) -> list[str]:
@@ -516,19 +225,6 @@ def test_a_pack_is_byte_identical_to_the_stored_one(tiny_tree, tmp_path):
         found[f"{split}.{table}.{suffix}"] = hashlib.sha256(path.read_bytes()).hexdigest()
         assert found[f"{split}.{table}.{suffix}"].startswith(digest), path.name
     assert found == stored
-
-
-def test_the_data_path_imports_nothing_from_the_benchmark_package():
-    # imgshards.loader.profiling (imgshards bench) reads the data path; never the other way round.
-    profiling = f"{LOADER}.profiling"
-    wrong = [
-        str(i)
-        for i in _imports()
-        if i.source.startswith(LOADER)
-        and not i.source.startswith(profiling)
-        and i.target.startswith(profiling)
-    ]
-    assert not wrong, "\n".join(wrong)
 
 
 def _identifiers(tree: ast.AST) -> list[tuple[str, int]]:
@@ -862,6 +558,118 @@ def test_the_format_rule_finds_spellings(tmp_path, monkeypatch):
 
 
 # ---- converter/ by stage (issue 45): no import stack deeper than 8 modules ---------------------
+#
+# A depth of the import graph, which no contract measures: read here with ``ast``, as Python runs
+# the imports (a package's ``__init__`` before its modules).
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's dependency of ``source`` on ``target``."""
+
+    source: str
+    target: str
+    path: Path
+    line: int
+    kind: str  # "module level", "deferred" (run when a function is called) or "TYPE_CHECKING"
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target}  ({self.path.relative_to(ROOT)}:{self.line}, {self.kind})"
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _Imports(ast.NodeVisitor):
+    """Every import of one module, with the kind of place it sits in."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[ast.Import | ast.ImportFrom, str]] = []
+        self.kind = "module level"
+
+    def _within(self, kind: str, nodes: list[ast.stmt]) -> None:
+        # The outermost place names the kind: a function under TYPE_CHECKING is TYPE_CHECKING, an
+        # `if TYPE_CHECKING:` in a function deferred.
+        outer = self.kind
+        if outer == "module level":
+            self.kind = kind
+        for node in nodes:
+            self.visit(node)
+        self.kind = outer
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._within("deferred", node.body)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node.test):
+            self._within("TYPE_CHECKING", node.body)
+            self._within(self.kind, node.orelse)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        self.found.append((node, self.kind))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self.visit_Import(node)
+
+
+def _targets(
+    node: ast.Import | ast.ImportFrom, name: str, is_package: bool, modules: dict[str, Path]
+) -> set[str]:
+    """The imgshards modules an import runs, seen from module ``name``.
+
+    ``import a.b.c`` and ``from a.b.c import x`` run ``a``, ``a.b`` and ``a.b.c`` (each package's
+    ``__init__``), and ``a.b.c.x`` too where ``x`` is a module. The importer's own packages are left
+    out (they are loading already), except a package a name is read from: ``from . import x`` where
+    ``x`` is a module depends on ``x`` alone, ``from . import f`` on the package's ``__init__``.
+    """
+    if isinstance(node, ast.Import):
+        dotted = [a.name for a in node.names]
+        named: list[str] = []
+    else:
+        package = name if is_package else name.rpartition(".")[0]
+        base = package
+        for _ in range(node.level - 1):
+            base = base.rpartition(".")[0]
+        base = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+        dotted = [base]
+        named = [f"{base}.{a.name}" for a in node.names]
+    ancestors = {name.rsplit(".", n)[0] for n in range(name.count(".") + 1)}
+    found = set()
+    for full in dotted:
+        parts = full.split(".")
+        found |= {".".join(parts[:n]) for n in range(1, len(parts) + 1)} - ancestors
+    for full in named:
+        found.add(full if full in modules else full.rpartition(".")[0])
+    return {t for t in found if t in modules and t != name}
+
+
+def _imports() -> list[Import]:
+    """Every import between imgshards modules, wherever it sits in the importing module."""
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        visitor = _Imports()
+        visitor.visit(ast.parse(path.read_text(), str(path)))
+        for node, kind in visitor.found:
+            for target in sorted(_targets(node, name, path.name == "__init__.py", modules)):
+                found.append(Import(name, target, path, node.lineno, kind))
+    return found
+
+
+def _import_graph(imports: list[Import] | None = None) -> dict[str, set[str]]:
+    """Module -> imgshards modules it imports, every import counted."""
+    graph: dict[str, set[str]] = {name: set() for name in _modules()}
+    for i in _imports() if imports is None else imports:
+        graph[i.source].add(i.target)
+    return graph
+
 
 MAX_STACK = 8
 
@@ -869,13 +677,20 @@ MAX_STACK = 8
 def _stacks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
     """For each module, the longest chain of imports it starts (itself first), one per module.
 
-    The graph must have no cycle (test_no_import_cycle_at_module_level checks it).
+    The graph has no cycle (the contract "no import cycle", lint-imports); one fails here, named.
     """
     longest: dict[str, list[str]] = {}
+    path: list[str] = []
 
     def visit(node: str) -> list[str]:
+        if node in path:
+            raise AssertionError(
+                "an import cycle (lint-imports): " + " -> ".join([*path[path.index(node) :], node])
+            )
         if node not in longest:
+            path.append(node)
             longest[node] = max(([node, *visit(t)] for t in sorted(graph[node])), key=len, default=[node])
+            path.pop()
         return longest[node]
 
     for node in sorted(graph):
@@ -912,6 +727,68 @@ def test_no_converter_import_stack_deeper_than_8():
 def test_the_stack_measure_counts_the_longest_chain():
     assert _stacks({"a": {"b", "c"}, "b": {"c"}, "c": set()})["a"] == ["a", "b", "c"]
     assert _stacks({"a": set()}) == {"a": ["a"]}
+
+    with pytest.raises(AssertionError, match="a -> b -> a"):
+        _stacks({"a": {"b"}, "b": {"a"}})
+
+
+def _graph_of(files: dict[str, str], tmp_path: Path, monkeypatch) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    return {
+        k.removeprefix(f"{LOADER}."): {t.removeprefix(f"{LOADER}.") for t in v}
+        for k, v in _import_graph().items()
+    }
+
+
+def test_the_import_reader_reads_every_form(tmp_path, monkeypatch):
+    graph = _graph_of(
+        {
+            "loader/__init__.py": "from .dataset import ShardDataset\n",
+            "loader/dataset.py": "from .pipeline import passes\n",
+            "loader/stages.py": "def f():\n    from .dataset import ShardDataset\n",
+            "loader/pipeline/__init__.py": "",
+            "loader/pipeline/passes.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..decode import decode\n"
+                "from . import runs\nfrom .. import stages\n"
+            ),
+            "loader/pipeline/runs.py": "import imgshards.loader.epoch.order\nfrom . import helper\n",
+            "loader/epoch/__init__.py": "",
+            "loader/epoch/order.py": "",
+            "loader/decode.py": "",
+        },
+        tmp_path,
+        monkeypatch,
+    )
+    # The stack counts module-level and deferred imports; lint-imports' graph (grimp's) those too.
+    assert graph == {
+        "imgshards.loader": {"dataset"},
+        "dataset": {"pipeline", "pipeline.passes"},  # `from .pkg import mod`: the package, the module
+        "stages": {"dataset"},  # deferred
+        "pipeline": set(),
+        "pipeline.passes": {"decode", "pipeline.runs", "stages"},  # TYPE_CHECKING; own package left out
+        "pipeline.runs": {"epoch", "epoch.order", "pipeline"},  # `helper` is no module: a name of pipeline
+        "epoch": set(),
+        "epoch.order": set(),
+        "decode": set(),
+    }
+    kinds = {
+        (i.source.removeprefix(f"{LOADER}."), i.target.removeprefix(f"{LOADER}.")): i.kind for i in _imports()
+    }
+    assert kinds[("stages", "dataset")] == "deferred"
+    assert kinds[("pipeline.passes", "decode")] == "TYPE_CHECKING"
+    assert kinds[("pipeline.passes", "pipeline.runs")] == "module level"
+
+
+def describe_stack(stack: list[str]) -> str:
+    """A stack, each import in it with its line and kind."""
+    imports = _imports()
+    found = [" -> ".join(m.removeprefix(f"{CONVERTER}.") for m in stack)]
+    for source, target in pairwise(stack):
+        found += [f"    {i}" for i in imports if (i.source, i.target) == (source, target)]
+    return "\n".join(found)
 
 
 # ---- one table of storage protocols (issue 39) ---------------------------------------------------
@@ -1094,6 +971,7 @@ TESTED_BY = {
     "loader/image/pil_input.py": "tests/loader/test_pytorch_habits.py",
     "loader/pipeline/batches.py": "tests/loader/test_stages.py",
     "loader/pipeline/offload.py": "tests/loader/device/test_device_defects.py",
+    "loader/pipeline/settings.py": "tests/loader/test_settings.py",
     "loader/pipeline/steps.py": "tests/loader/profiling/test_profiling.py",
     "loader/profiling/config.py": "tests/loader/profiling/test_profiling.py",
     "loader/profiling/devicerun.py": "tests/cli/test_bench.py",
@@ -1273,11 +1151,7 @@ def f():
 
 
 if __name__ == "__main__":
-    found = loader_cycles()
-    print("\n\n".join(found) if found else "no import cycle in loader/")
-    layers = folder_cycles()
-    print("\n\n".join(layers) if layers else "no loader/ folder imports one that imports it")
-    found += layers
     stack = converter_stack()
-    print(f"converter/'s longest import stack, {len(stack)} modules:", " -> ".join(stack))
-    sys.exit(1 if found else 0)
+    print(f"converter/'s longest import stack, {len(stack)} modules:\n{describe_stack(stack)}")
+    print("the import contracts: lint-imports (pyproject.toml, [tool.importlinter])")
+    sys.exit(1 if len(stack) > MAX_STACK else 0)
