@@ -86,10 +86,41 @@ def _make_tree_without_photos(
 PHOTO_FIXTURES = frozenset({"tree_factory", "three_ways"})
 
 
+# The integration tier: what runs whole processes for long (workers across epochs, torchrun and gloo
+# groups, servers, a Ray cluster, trainers, Jupyter kernels, every docs block, the wheel, the demo).
+# `python -m pytest -n 2` leaves it out (pyproject's addopts: -m "not integration"), in under 5
+# minutes on 2 cores; `python -m pytest -n 2 -m integration` runs it, and .ci/run runs both (the
+# README's set-up). A path is a file or a folder under tests/; a test elsewhere is marked on its own.
+INTEGRATION = {
+    "test_docs.py": "every code block of the README and docs/, each a script of its own",
+    "test_readme_torchrun.py": "the README's loop under torchrun, two ranks",
+    "test_packaging.py": "builds the wheel and installs it",
+    "test_typing.py": "mypy --strict over a user's script",
+    "test_remote_secrets.py": "S3 and HTTP servers",
+    "notebooks/": "Jupyter kernels running the notebooks",
+    "cli/test_demo.py": "the demo, as a user runs it after installing",
+    "converter/remote/": "packs to an S3 server",
+    "converter/engines/test_rayengine.py": "a local Ray cluster",
+    "loader/remote/": "S3 and HTTP servers, hostile ones included",
+    "loader/test_distributed.py": "gloo process groups",
+    "loader/test_stages_distributed.py": "gloo process groups",
+    "loader/test_elastic.py": "torchrun groups resumed onto other topologies",
+    "loader/state/test_ranks.py": "gloo process groups",
+    "loader/test_frameworks.py": "Lightning, Accelerate and torchdata trainers",
+    "loader/test_imagenet_example.py": "pytorch/examples' ImageNet script, both ways",
+    "loader/test_workers.py": "workers started, killed and hung, across epochs",
+    "loader/image/test_decoder_fallback.py": "processes without torchcodec, or a broken one",
+}
+_TESTS = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if PHOTO_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.photos)
+        where = Path(item.fspath).resolve().relative_to(_TESTS).as_posix()
+        if any(where == path or (path.endswith("/") and where.startswith(path)) for path in INTEGRATION):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(autouse=True)

@@ -32,7 +32,11 @@ def _first(lines: list[str], predicate) -> int:
 
 def test_ci_runs_the_readme_commands_in_a_fresh_venv():
     commands = _setup_commands()
-    assert commands == ['pip install -e ".[dev]" && imgshards demo', "python -m pytest -n 2"]
+    assert commands == [
+        'pip install -e ".[dev]" && imgshards demo',
+        "python -m pytest -n 2",
+        "python -m pytest -n 2 -m integration",
+    ]
     ci = _ci_lines()
     for command in commands:
         assert command in ci, f"the README's {command!r} is not what .ci/run runs"
@@ -65,18 +69,20 @@ def test_ci_first_runs_the_user_install_and_the_demo_without_the_dev_extra():
 def test_ci_runs_them_in_a_fresh_clone_with_no_shared_beside_it():
     ci = _ci_lines()
     install, test = ci.index('pip install -e ".[dev]" && imgshards demo'), ci.index("python -m pytest -n 2")
+    integration = ci.index("python -m pytest -n 2 -m integration")
     clone = _first(ci, lambda line: line.startswith("git clone "))
     assert ci[clone].endswith('"$checkout" "$clone"')
     cd = _first(ci, lambda line: line == 'cd "$clone"')
-    assert clone < cd < install < test, "install and tests run inside the clone"
-    # The clone's parent is a new temporary directory; ../shared appears beside it only after the
-    # first test run (the second run, with the real photos).
+    assert clone < cd < install < test < integration, "install and tests run inside the clone"
+    # The clone's parent is a new temporary directory; ../shared appears beside it only after both
+    # tiers ran (the last run, with the real photos).
     assert ci[_first(ci, lambda line: line.startswith("work=$(mktemp -d"))]
     link = [i for i, line in enumerate(ci) if line.startswith("ln -s ") and '"$work/shared"' in line]
-    assert all(i > test for i in link)
-    # pytest's exit status is checked, and 5 (no test collected) is a failure.
-    after = ci[test + 1 : test + 4]
-    assert "status=$?" in after and any(line.startswith("tests_passed ") for line in after)
+    assert all(i > integration for i in link)
+    # pytest's exit status is checked after each tier, and 5 (no test collected) is a failure.
+    for run in (test, integration):
+        after = ci[run + 1 : run + 4]
+        assert "status=$?" in after and any(line.startswith("tests_passed ") for line in after)
     passed = "\n".join(ci[_first(ci, lambda line: line.startswith("tests_passed()")) :])
     assert re.search(r"0\) return 0 ;;", passed) and not re.search(r"5\) return 0", passed)
 

@@ -21,7 +21,6 @@ import pytest
 
 pytest.importorskip("mypy")
 
-pytestmark = pytest.mark.integration
 
 SCRIPT = """\
 from typing import Any
