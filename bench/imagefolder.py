@@ -31,7 +31,8 @@ printed, and the median of each side):
   listed ``--times`` times in an index, as hard links), each run in a fresh process: their time, the
   memory they hold, and the shards they open (an audit hook counts every ``.tar`` opened).
 - ``--against REF`` (throughput): imgshards at git ref REF as a third side, alternated with the
-  others on the same shards (``git archive`` of REF on ``PYTHONPATH``, as ``bench/loader.py`` does).
+  others on the same shards (``git archive`` of REF on ``PYTHONPATH``, as ``bench/loader.py`` does);
+  a release before index format 2 (0.1) reads them under its own index: ``--packed-against DIR``.
 """
 
 from __future__ import annotations
@@ -110,7 +111,9 @@ def throughput_run(
 def run_side(side: str, a: argparse.Namespace, images: int, seed: int, python: str) -> tuple[float, float]:
     """``throughput_run`` of ``side`` in a fresh process of ``python`` (the one importing its imgshards)."""
     name = "imgshards" if side.startswith("imgshards@") else side
-    cmd = [python, str(Path(__file__).resolve()), "one", str(a.tree), str(a.shards), "--side", name]
+    # A release before index format 2 reads its own copy of the shards (--packed-against).
+    shards = a.packed_against if side.startswith("imgshards@") and a.packed_against else a.shards
+    cmd = [python, str(Path(__file__).resolve()), "one", str(a.tree), str(shards), "--side", name]
     cmd += ["--images", str(images), "--workers", str(a.workers), "--seed", str(seed)]
     # Out of the repo: a checkout on sys.path would shadow the imgshards under test.
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
@@ -353,6 +356,12 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     p.add_argument("--fadvise", action="store_true", help="also imgshards with POSIX_FADV_RANDOM")
     p.add_argument("--against", metavar="REF", help="throughput: also imgshards at git ref REF, alternated")
+    p.add_argument(
+        "--packed-against",
+        type=Path,
+        help="throughput: REF's copy of SHARDS, the same shards under an index REF reads (a release "
+        "before index format 2: hard links to the shards and the index its `imgshards index` wrote)",
+    )
     p.add_argument("--times", type=int, default=10, help="tables: the split listed this many times")
     p.add_argument("--side", default="imgshards", help=argparse.SUPPRESS)  # one: the side to run
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
