@@ -83,6 +83,7 @@ CONTRACTS = (
     "converter/ by stage, each over the ones it imports",
     "loader/ by folder, each over the ones it imports",
     "the loader imports nothing of the converter but its format",
+    "the loader reads the format and never writes it",
     "the converter imports no torch, no click, nothing of loader/ or cli/",
     "no import cycle",
 )
