@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 import torch
+
+from imgshards.converter.format.locate import redact_url
 
 from ..errors import ConfigError, check_choice
 from ..image.presets import Transform
@@ -32,7 +34,7 @@ ON_ERROR: tuple[str, ...] = get_args(OnError)
 DEFAULT_MAX_LOST = 0.01  # a pass may lose 1% of a rank's samples to damaged shards, warned about
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """Every setting of a dataset, as given (``None``: the default that follows from the others).
 
@@ -88,6 +90,20 @@ class Settings:
     decode_on: DecodeOn | str | torch.device | None = None
     raw_stages: Sequence[Stage] | None = None
     image_stages: Sequence[Stage] | None = None
+
+    def __repr__(self) -> str:
+        # Nothing secret in a log line: storage options may hold credentials, a URL a password.
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "storage_options" and value is not None:
+                text = "{...}"
+            elif isinstance(value, str):
+                text = repr(redact_url(value))
+            else:
+                text = repr(value)
+            shown.append(f"{f.name}={text}")
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     def check(self) -> None:
         """Raise :class:`ConfigError` for a setting out of range or not among the allowed values.

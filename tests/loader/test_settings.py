@@ -96,6 +96,7 @@ def test_every_argument_reads_back_as_given(packed_many, tmp_path):
     # A dataset like another: the settings as keywords.
     other = ShardDataset(ds.root, **vars(dataclasses.replace(ds.settings, batch_size=4, raw_stages=None)))
     assert other.batch_size == 4 and other.settings.seed == 7 and len(other) == 115 // 4
+    assert other.settings == dataclasses.replace(ds.settings, batch_size=4, raw_stages=None)
     loader = make_loader(other, num_workers=0)
     assert sum(1 for _ in loader) == len(loader)
 
@@ -120,3 +121,10 @@ def test_settings_are_frozen_and_a_typo_is_no_attribute(packed_many):
     for name in ("train", "views", "shares", "shards_digest", "on_error", "shuffle_buffer"):
         assert not hasattr(ds, name), name
     assert "batch_size" in dir(ds) and "settings" in dir(ds)
+
+
+def test_their_repr_shows_no_secret():
+    settings = Settings(storage_options={"secret": "hunter2"}, cache_dir="s3://me:hunter2@bucket/cache")
+    shown = repr(settings)
+    assert "hunter2" not in shown and "storage_options={...}" in shown and "batch_size=64" in shown
+    assert repr(Settings()).startswith("Settings(split='train', batch_size=64, mode='train', ")
