@@ -483,30 +483,7 @@ class ShardDataset(PassDataset):
     ) -> None:
         # Checked now for an early error, but settled as each pass starts (see .state.ranks).
         settle_ranks(rank, world_size)
-        settings = Settings(
-            split=split,
-            batch_size=batch_size,
-            mode=mode,
-            transform=transform,
-            image_size=image_size,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            shuffle_initial=shuffle_initial,
-            drop_last=drop_last,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            on_error=on_error,
-            max_lost=max_lost,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            prefetch=prefetch,
-            timeout=timeout,
-            decode_on=decode_on,
-            raw_stages=raw_stages,
-            image_stages=image_stages,
-        )
+        settings = Settings.of(locals())
         spec = make_spec([source], settings)
         super().__init__(spec, rank, world_size)
 

@@ -30,24 +30,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
 
 from imgshards.converter.format.locate import redact_url
 
 from .dataset import PassDataset
 from .errors import ConfigError
-from .pipeline.settings import Settings
+from .image.presets import Transform
+from .pipeline.batches import Stage
+from .pipeline.offload import DecodeOn
+from .pipeline.settings import DEFAULT_MAX_LOST, Mode, OnError, Settings
 from .pipeline.spec import make_spec
 from .remote import ShardSource
+from .remote.ranges import DEFAULT_TIMEOUT
 from .state.ranks import settle_ranks
 
 __all__ = ["MixedDataset"]
 
 Source = str | os.PathLike[str] | ShardSource
-
-# The settings a mix's **options may hold: all but those it names itself.
-_OPTIONS = frozenset(f.name for f in dataclasses.fields(Settings)) - {"split", "batch_size", "seed"}
 
 
 class MixedDataset(PassDataset):
@@ -57,12 +60,13 @@ class MixedDataset(PassDataset):
         sources: Directories, URLs or :class:`~imgshards.loader.ShardSource` of packed (or indexed)
             datasets.
         weights: Share of each source in every batch; default: in proportion to their samples.
-        batch_size: Samples per batch, all sources together.
         split: The split read from every source.
+        batch_size: Samples per batch, all sources together.
         seed: Seed of every random choice (each source draws from its own stream of it).
-        **options: As for :class:`~imgshards.loader.ShardDataset` (``transform``, ``raw_stages``,
-            ``decode_on``, ``rank``...); train mode only, and every source drops its partial last
-            batch (``drop_last`` is implied).
+        drop_last: Always: every source drops its partial last batch (``True``, the only value
+            a mix takes).
+        The other settings: as for :class:`~imgshards.loader.ShardDataset`, with the same names and
+            defaults (docs/loading.md's table); ``mode`` is ``"train"`` only.
 
     Raises:
         ConfigError: fewer than two sources, eval mode, ``drop_last=False``, a weight that is not a
@@ -77,30 +81,45 @@ class MixedDataset(PassDataset):
         sources: Sequence[Source],
         *,
         weights: Sequence[float] | None = None,
-        batch_size: int = 64,
         split: str = "train",
+        batch_size: int = 64,
+        mode: Mode = "train",
+        transform: str | Transform | None = None,
+        image_size: int = 224,
+        shuffle: bool | None = None,
+        shuffle_buffer: int = 2000,
+        shuffle_initial: int = 100,
+        drop_last: bool = True,
         seed: int = 0,
-        **options: Any,
+        rank: int | None = None,
+        world_size: int | None = None,
+        on_error: OnError = "skip",
+        max_lost: float = DEFAULT_MAX_LOST,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        prefetch: int = 2,
+        timeout: float = DEFAULT_TIMEOUT,
+        decode_on: DecodeOn | str | torch.device | None = None,
+        raw_stages: Sequence[Stage] | None = None,
+        image_stages: Sequence[Stage] | None = None,
     ) -> None:
-        for name in options:
-            if name not in _OPTIONS:
-                raise TypeError(f"MixedDataset.__init__() got an unexpected keyword argument {name!r}")
+        settings = Settings.of(locals())
         # Checked now for an early error, but settled as each pass starts (see .state.ranks).
-        settle_ranks(options.get("rank"), options.get("world_size"))
+        settle_ranks(rank, world_size)
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 2:
             raise ConfigError("a MixedDataset takes two sources or more; for one, use ShardDataset")
-        if options.get("mode", "train") != "train":
+        if mode != "train":
             raise ConfigError("a mix is for training (mode='train'): evaluate each dataset on its own")
-        if options.setdefault("drop_last", True) is not True:
+        if drop_last is not True:
             raise ConfigError(
                 "a mix drops each source's partial last batch, so that every batch keeps the weights' "
                 "proportions: leave drop_last out"
             )
         if weights is not None:
             _check_weights(weights)
-        settings = Settings(split=split, batch_size=batch_size, seed=seed, **options)
         spec = make_spec(sources, settings, weights=weights)
-        super().__init__(spec, settings.rank, settings.world_size)
+        super().__init__(spec, rank, world_size)
 
     @property
     def weights(self) -> tuple[float, ...]:
@@ -147,4 +166,4 @@ def _check_weights(weights: Sequence[float]) -> None:
         )
 
 
-MixedDataset._arguments = frozenset({"sources", "weights", "batch_size", "split", "seed", *_OPTIONS})
+MixedDataset._arguments = frozenset({"sources", "weights", *(f.name for f in dataclasses.fields(Settings))})

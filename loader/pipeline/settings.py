@@ -91,6 +91,15 @@ class Settings:
     raw_stages: Sequence[Stage] | None = None
     image_stages: Sequence[Stage] | None = None
 
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> Settings:
+        """The settings among a dataset's ``arguments`` (its ``locals()`` as its ``__init__`` starts).
+
+        The datasets spell every setting out in their signatures, for a reader and a type checker;
+        this takes them from there by name, so that no list of the names is written a third time.
+        """
+        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
+
     def __repr__(self) -> str:
         # Nothing secret in a log line: storage options may hold credentials, a URL a password.
         shown = []

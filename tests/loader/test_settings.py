@@ -39,6 +39,16 @@ def test_the_signature_and_the_dataclass_hold_the_same_names_types_and_defaults(
         assert p.annotation == f.type, f"{f.name}: signature {p.annotation}, Settings {f.type}"
 
 
+def test_a_mix_spells_out_the_same_settings_with_the_same_defaults_but_drop_last():
+    parameters = list(inspect.signature(MixedDataset.__init__).parameters.values())[
+        3:
+    ]  # self, sources, weights
+    assert [p.name for p in parameters] == [f.name for f in FIELDS]
+    for p, f in zip(parameters, FIELDS, strict=True):
+        assert p.kind is p.KEYWORD_ONLY and p.annotation == f.type, p.name
+        assert p.default == (True if f.name == "drop_last" else f.default), p.name
+
+
 def test_the_docs_name_every_setting_with_its_default():
     names = [f.name for f in FIELDS]
     assert _documented(Settings.__doc__ or "", "Attributes") == names

@@ -55,10 +55,7 @@ DERIVED = (
 
 
 def arguments(cls: type) -> list[str]:
-    names = [n for n in inspect.signature(cls).parameters if n != "options"]
-    if cls is MixedDataset:  # its **options are ShardDataset's
-        names += [n for n in arguments(ShardDataset) if n not in names and n != "source"]
-    return names
+    return list(inspect.signature(cls).parameters)
 
 
 def shard_dataset(root):
