@@ -157,17 +157,31 @@ def prepare(dst: Path, state: Path, args: dict[str, Any], overwrite: bool, plan:
     wanted = {"args": args, "fingerprint": plan.fingerprint, "shards": plan.num_shards}
     plan_file = state / "plan.json"
     text = read_bytes(plan_file, root=dst)
-    previous = json.loads(text) if text is not None else None
+    previous = None if text is None else _plan_of(text)
     leftovers = sorted(p.name for p in dst.glob(f"{split}-*.tar"))
-    if previous == wanted or (previous is None and not leftovers and not in_index(dst, split)):
+    if previous == wanted or (text is None and not leftovers and not in_index(dst, split)):
         pass
     elif overwrite:
         clear_split(dst, state, split)
+    elif previous is None and text is not None:
+        raise DestinationError(
+            f"{plan_file} is damaged (not the plan this command writes), so the run that wrote split "
+            f"{split!r} cannot be continued: pass --overwrite to pack it anew, or choose another destination"
+        )
     else:
         raise DestinationError(conflict(dst, split, previous, wanted, leftovers))
     for stale in dst.glob(f".{split}-*.partial"):
         remove(stale, root=dst)  # a link is removed, not followed; a directory in the way too
     write_atomic(plan_file, (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode(), root=dst)
+
+
+def _plan_of(text: bytes) -> dict[str, Any] | None:
+    """The plan a run wrote (``prepare``), or None for bytes that are not one: damaged, or not ours."""
+    try:
+        plan = json.loads(text)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    return plan if isinstance(plan, dict) and isinstance(plan.get("args"), dict) else None
 
 
 def in_index(dst: Path, split: str) -> bool:
@@ -234,9 +248,19 @@ def rejects_name(split: str) -> str:
 
 
 def recorded(dst: Path, state: Path, name: str) -> ShardRecord | None:
-    """The record of a shard finished by an earlier run, if there is one (``state`` is below ``dst``)."""
+    """The record of shard ``name`` finished by an earlier run, if there is one (``state`` is below ``dst``).
+
+    A record that does not parse, or that names another file, is no record: that shard is packed
+    again (a record's name is the file hashed and kept; one naming another could point anywhere).
+    """
     text = read_bytes(state / f"{name}.json", root=dst)
-    return None if text is None else ShardRecord.from_json(json.loads(text))
+    if text is None:
+        return None
+    try:
+        record = ShardRecord.from_json(json.loads(text))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return record if record.name == name else None
 
 
 def update_index(dst: Path, change: Callable[[Manifest | None], Manifest | None]) -> Manifest | None:
