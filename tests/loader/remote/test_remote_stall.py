@@ -90,7 +90,9 @@ def test_a_stalled_shard_is_counted_unreadable_in_eval_mode(serve, remote_packed
 
 def test_a_file_system_that_ignores_its_timeout_cannot_hang_a_reader(serve, remote_packed):
     # A timeout set in the options wins over the source's: here none at all (aiohttp's default is 5
-    # minutes), as a file system that ignores what it is given. The reader's own bound ends it.
+    # minutes), as a file system that ignores what it is given. The reader's own bounds end it: the
+    # request's deadline (AnswerTooSlow) or the reader's patience, which with one try fall due
+    # together, so either may say it (the first did in 1 CI run of 3).
     import aiohttp
 
     base = serve(remote_packed, stall=(".tar",))
@@ -100,8 +102,9 @@ def test_a_file_system_that_ignores_its_timeout_cannot_hang_a_reader(serve, remo
     )
     ds = dataset(src, on_error="raise")
     started = time.monotonic()
-    with pytest.raises(ShardReadError, match="no answer for bytes 0-8192"):
+    with pytest.raises(ShardReadError, match=r"train-000000\.tar.*(no answer for|reading) bytes 0-8192") as e:
         list(make_loader(ds, num_workers=0))
+    assert "\n" not in str(e.value)
     patience = RetryPolicy(attempts=1).patience(0.2, CHUNK)
     assert patience <= time.monotonic() - started < patience + SLACK
 
