@@ -510,4 +510,4 @@ class ShardDataset(PassDataset):
         )
 
 
-ShardDataset._arguments = frozenset({"source", *_SETTINGS})
+ShardDataset._arguments = frozenset(inspect.signature(ShardDataset).parameters)

@@ -27,7 +27,7 @@ is one label, whichever source a sample comes from.
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -166,4 +166,4 @@ def _check_weights(weights: Sequence[float]) -> None:
         )
 
 
-MixedDataset._arguments = frozenset({"sources", "weights", *(f.name for f in dataclasses.fields(Settings))})
+MixedDataset._arguments = frozenset(inspect.signature(MixedDataset).parameters)
